@@ -1,0 +1,66 @@
+"""svmkit: OpenCL Shared Virtual Memory made practical.
+
+``import svmkit as sk`` gives the whole public API (see the README for a tour):
+capabilities and policies, SVM arrays and their constructors, memory resources and pools,
+mapping, checked operations, kernels and the fine-grain atomic work queue.
+"""
+
+from svmkit.array import SVMArray
+from svmkit.capabilities import Capabilities, capabilities, create_context
+from svmkit.creation import asarray, empty, empty_like, full, ones, zeros, zeros_like
+from svmkit.errors import (
+    CopyOverlapError,
+    InvalidContextError,
+    InvalidValueError,
+    MapStateError,
+    OutOfMemoryError,
+    QueueClosed,
+    SVMError,
+    UnsupportedError,
+    UseAfterFreeError,
+)
+from svmkit.programs import build_program, kernels_dir
+from svmkit.policy import Access, Granularity, Policy
+from svmkit.resources import (
+    Allocation,
+    MemoryResource,
+    SVMResource,
+    current_resource,
+    use_resource,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Access",
+    "Allocation",
+    "Capabilities",
+    "CopyOverlapError",
+    "Granularity",
+    "InvalidContextError",
+    "InvalidValueError",
+    "MapStateError",
+    "MemoryResource",
+    "OutOfMemoryError",
+    "Policy",
+    "QueueClosed",
+    "SVMArray",
+    "SVMError",
+    "SVMResource",
+    "UnsupportedError",
+    "UseAfterFreeError",
+    "__version__",
+    "asarray",
+    "build_program",
+    "capabilities",
+    "create_context",
+    "current_resource",
+    "empty",
+    "empty_like",
+    "full",
+    "kernels_dir",
+    "ones",
+    "use_resource",
+    "zeros",
+    "zeros_like",
+]

@@ -1,0 +1,109 @@
+"""A small ctypes binding to the OpenCL ICD loader that PyOpenCL itself loaded.
+
+PyOpenCL lacks ``clSetKernelExecInfo`` and gives no control over when ``clSVMFree`` runs;
+its ``enqueue_svm_memfill`` ignores ``byte_count``.  These few entry points are bound here,
+against the very library PyOpenCL's extension module linked (found in the process's
+memory map), so handles from PyOpenCL objects (``obj.int_ptr``) are valid for them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import threading
+from typing import Any
+
+import pyopencl as cl
+
+__all__ = [
+    "enqueue_svm_memfill",
+    "library_path",
+    "set_kernel_exec_info_svm_ptrs",
+    "svm_alloc",
+    "svm_free",
+]
+
+CL_KERNEL_EXEC_INFO_SVM_PTRS = 0x11B6
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+
+
+def library_path() -> str:
+    """Path of the ICD loader in use by PyOpenCL (from ``/proc/self/maps`` when available)."""
+    import pyopencl._cl  # noqa: F401  (make sure the loader is mapped)
+
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(None, 1)[-1]
+                if "libOpenCL" in os.path.basename(path):
+                    return path
+    except OSError:
+        pass
+    found = ctypes.util.find_library("OpenCL")
+    if found is None:
+        raise OSError("cannot locate the OpenCL ICD loader that PyOpenCL uses")
+    return found
+
+
+def _library() -> ctypes.CDLL:
+    global _lib
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                lib = ctypes.CDLL(library_path())
+                lib.clSVMAlloc.restype = ctypes.c_void_p
+                lib.clSVMAlloc.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t,
+                                           ctypes.c_uint]
+                lib.clSVMFree.restype = None
+                lib.clSVMFree.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+                lib.clSetKernelExecInfo.restype = ctypes.c_int32
+                lib.clSetKernelExecInfo.argtypes = [ctypes.c_void_p, ctypes.c_uint,
+                                                    ctypes.c_size_t, ctypes.c_void_p]
+                lib.clEnqueueSVMMemFill.restype = ctypes.c_int32
+                lib.clEnqueueSVMMemFill.argtypes = [
+                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                    ctypes.c_size_t, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+                _lib = lib
+    return _lib
+
+
+def svm_alloc(context: cl.Context, flags: int, size: int, alignment: int) -> int:
+    """``clSVMAlloc``; returns the address, 0 when the driver returned NULL."""
+    ptr = _library().clSVMAlloc(context.int_ptr, flags, size, alignment)
+    return int(ptr or 0)
+
+
+def svm_free(context: cl.Context, ptr: int) -> None:
+    """``clSVMFree`` (returns immediately; the caller orders it after all use)."""
+    _library().clSVMFree(context.int_ptr, ptr)
+
+
+def set_kernel_exec_info_svm_ptrs(kernel: cl.Kernel, ptrs: tuple[int, ...]) -> int:
+    """``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS)``; returns the CL error code."""
+    arr = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
+    return int(_library().clSetKernelExecInfo(
+        kernel.int_ptr, CL_KERNEL_EXEC_INFO_SVM_PTRS,
+        ctypes.sizeof(ctypes.c_void_p) * len(ptrs), arr if ptrs else None))
+
+
+def enqueue_svm_memfill(queue: cl.CommandQueue, ptr: int, pattern: bytes, size: int,
+                        wait_for: Any = None) -> cl.Event:
+    """``clEnqueueSVMMemFill`` over exactly ``size`` bytes; returns a PyOpenCL event.
+
+    PyOpenCL's own wrapper ignores its ``byte_count`` argument and fills the whole buffer.
+    """
+    events = list(wait_for or ())
+    wl = (ctypes.c_void_p * max(len(events), 1))(*[e.int_ptr for e in events])
+    out = ctypes.c_void_p()
+    buf = ctypes.create_string_buffer(pattern, len(pattern))
+    code = _library().clEnqueueSVMMemFill(
+        queue.int_ptr, ptr, buf, len(pattern), size, len(events),
+        wl if events else None, ctypes.byref(out))
+    if code != 0:
+        from svmkit.errors import cl_error_name, error_for_name
+
+        raise error_for_name(cl_error_name(code), "clEnqueueSVMMemFill failed in the driver")
+    return cl.Event.from_int_ptr(out.value, retain=False)

@@ -1,0 +1,429 @@
+"""SVMArray: a typed, shaped window on an SVM allocation.
+
+The array is thin (as dpctl's ``usm_ndarray``): shape and dtype come from a NumPy view of
+the allocation's bytes that is created without touching memory; host access, ordering and
+freeing rules are enforced here, operations live in :mod:`svmkit.ops`.
+
+An ``SVMArray`` *is* a ``pyopencl.SVM`` pointer, so PyOpenCL accepts it wherever it takes
+SVM (``knl(queue, gsize, lsize, a)``, ``cl.enqueue_copy``), at the address of element 0.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from svmkit._queues import default_queue
+from svmkit.errors import InvalidContextError, InvalidValueError, MapStateError, UseAfterFreeError
+from svmkit.events import check_wait_for, release_after, wait_pending
+from svmkit.policy import Policy
+from svmkit.resources.base import Allocation
+
+__all__ = ["SVMArray", "byte_extent", "is_contiguous"]
+
+FreeCallback = Callable[[cl.CommandQueue, list["SVMArray"]], Any]
+
+
+def is_contiguous(view: np.ndarray[Any, Any]) -> bool:
+    """Whether a view's bytes form one gap-free run (C or Fortran order)."""
+    flags = view.flags
+    return bool(flags.c_contiguous or flags.f_contiguous)
+
+
+def byte_extent(view: np.ndarray[Any, Any]) -> tuple[int, int]:
+    """``(first, stop)`` byte addresses that a (possibly strided) view touches."""
+    start = view.__array_interface__["data"][0]
+    if view.size == 0:
+        return start, start
+    lo = hi = 0
+    for n, stride in zip(view.shape, view.strides):
+        span = (n - 1) * stride
+        if span < 0:
+            lo += span
+        else:
+            hi += span
+    return start + lo, start + hi + view.itemsize
+
+
+def _is_basic_key(key: Any) -> bool:
+    """Whether ``key`` is NumPy basic indexing (a view, never a copy)."""
+    items = key if isinstance(key, tuple) else (key,)
+    return all(
+        (isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)))
+        or isinstance(k, slice) or k is None or k is Ellipsis
+        for k in items)
+
+
+class SVMArray(cl.SVM):  # type: ignore[misc]
+    """An N-dimensional array in shared virtual memory.
+
+    Build one with :func:`svmkit.empty` and friends, or a pool's constructors.
+
+    Notes
+    -----
+    * ``ptr`` is the virtual address of element 0, valid on the host and every device of
+      the context (the point of SVM).
+    * ``host`` is a NumPy view of the memory: always for FINE and SYSTEM granularity; for
+      COARSE only while ``svmkit.mapped`` covers every byte (spec: the host may touch a
+      coarse-grain buffer only between ``clEnqueueSVMMap`` and ``clEnqueueSVMUnmap``).
+    * ``free()`` gives memory back only after every command svmkit recorded on it finished.
+    """
+
+    __slots__ = ("_alloc", "_offset", "_view", "base")
+
+    _alloc: Allocation
+    _view: np.ndarray[Any, Any]
+    _offset: int
+    base: SVMArray | None
+
+    def __init__(self, alloc: Allocation, view: np.ndarray[Any, Any],
+                 base: SVMArray | None = None) -> None:
+        offset = view.__array_interface__["data"][0] - alloc.ptr if alloc.nbytes else 0
+        if view.flags.c_contiguous or view.flags.f_contiguous:
+            super().__init__(view)
+        else:  # PyOpenCL's SVM pointer wants contiguous memory: point at element 0's bytes
+            super().__init__(alloc.u8[offset:byte_extent(view)[1] - alloc.ptr])
+        self._alloc = alloc
+        self._view = view
+        self._offset = offset
+        self.base = base
+
+    # -- metadata ------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._view.shape  # type: ignore[no-any-return]
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self._view.dtype
+
+    @property
+    def size(self) -> int:  # type: ignore[override]
+        return int(self._view.size)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._view.nbytes)
+
+    @property
+    def ndim(self) -> int:
+        return int(self._view.ndim)
+
+    @property
+    def itemsize(self) -> int:
+        return int(self._view.itemsize)
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return self._view.strides  # type: ignore[no-any-return]
+
+    @property
+    def policy(self) -> Policy:
+        return self._alloc.policy
+
+    @property
+    def context(self) -> cl.Context:
+        return self._alloc.context
+
+    @property
+    def allocation(self) -> Allocation:
+        """The allocation this array (or view) is a window on."""
+        return self._alloc
+
+    @property
+    def offset(self) -> int:
+        """Byte offset of element 0 from the start of the allocation."""
+        return self._offset
+
+    @property
+    def freed(self) -> bool:
+        return self._alloc.freed
+
+    @property
+    def contiguous(self) -> bool:
+        """Whether the array's bytes form one gap-free run."""
+        return is_contiguous(self._view)
+
+    @property
+    def ptr(self) -> int:
+        """Virtual address of element 0, valid on the host and on every device."""
+        self._live()
+        return self._alloc.ptr + self._offset
+
+    def byte_range(self) -> tuple[int, int]:
+        """``(start, stop)`` offsets into the allocation of every byte this array touches."""
+        lo, hi = byte_extent(self._view)
+        base = self._alloc.ptr
+        return lo - base, hi - base
+
+    def _live(self) -> Allocation:
+        alloc = self._alloc
+        if alloc.freed:
+            raise UseAfterFreeError(
+                f"this {self._describe()} was freed (free(), enqueue_free() or the end of a "
+                "`with` block); its memory may already belong to another array")
+        return alloc
+
+    def _describe(self) -> str:
+        kind = "view" if self.base is not None else "array"
+        return f"SVMArray {kind} shape={self.shape} dtype={self.dtype}"
+
+    def record(self, event: cl.Event) -> None:
+        """Record that ``event`` uses this array's memory (``free`` and pools wait for it)."""
+        self._alloc.events.record(event)
+
+    def pending_events(self) -> list[cl.Event]:
+        """Commands recorded on this array's allocation that have not finished."""
+        return self._alloc.events.pending()
+
+    # -- host access ---------------------------------------------------------------------
+    def _check_host_access(self) -> None:
+        alloc = self._live()
+        if not alloc.policy.needs_map:
+            return
+        state = alloc.map_state
+        lo, hi = self.byte_range()
+        if state is None or not state.covers(lo, hi):
+            raise MapStateError(
+                f"host access to a coarse-grain {self._describe()} outside a map: the spec "
+                "lets the host touch coarse-grain SVM only while it is mapped; use "
+                "`with svmkit.mapped(queue, a) as h:` or a.get()/a.set()")
+
+    @property
+    def host(self) -> np.ndarray[Any, Any]:
+        """A NumPy view of the memory (COARSE: only while mapped, else MapStateError)."""
+        self._check_host_access()
+        return self._view
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
+        self._check_host_access()
+        if copy:
+            return np.array(self._view, dtype=dtype, copy=True)
+        return self._view if dtype is None else self._view.astype(dtype, copy=False)
+
+    def __getitem__(self, key: Any) -> Any:
+        self._live()
+        if not _is_basic_key(key):
+            return self.host[key]  # advanced indexing copies, as in NumPy
+        items = key if isinstance(key, tuple) else (key,)
+        view = self._view[(*items, Ellipsis)]
+        if view.ndim == 0 and not any(k is Ellipsis or k is None for k in items):
+            self._check_host_access()
+            return view[()]
+        return SVMArray(self._alloc, view, self.base if self.base is not None else self)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.host[key] = value
+
+    def __len__(self) -> int:
+        if not self._view.ndim:
+            raise TypeError("len() of a 0-d SVMArray")
+        return int(self._view.shape[0])
+
+    def __repr__(self) -> str:
+        state = " freed" if self.freed else ""
+        return (f"<SVMArray shape={self.shape} dtype={self.dtype} {self.policy}{state} "
+                f"at {self._alloc.ptr + self._offset:#x}>")
+
+    def __iter__(self) -> Any:
+        raise TypeError("iterate over a.get() or a.host: SVMArray does not iterate by element")
+
+    # -- reshaping views -------------------------------------------------------------------
+    def reshape(self, *shape: Any) -> SVMArray:
+        """A view with another shape (NumPy rules; no copy, so the layout must allow it)."""
+        self._live()
+        new_shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        view = self._view.view()
+        try:
+            view.shape = new_shape
+        except AttributeError as exc:
+            raise InvalidValueError(f"cannot reshape {self.shape} to {new_shape} "
+                                    "without copying") from exc
+        return SVMArray(self._alloc, view, self.base if self.base is not None else self)
+
+    def view(self, dtype: Any) -> SVMArray:
+        """The same bytes seen as another dtype (NumPy's ``ndarray.view`` rules)."""
+        self._live()
+        return SVMArray(self._alloc, self._view.view(dtype),
+                        self.base if self.base is not None else self)
+
+    @property
+    def T(self) -> SVMArray:
+        self._live()
+        return SVMArray(self._alloc, self._view.T, self.base if self.base is not None else self)
+
+    # -- transfers ------------------------------------------------------------------------
+    def _queue_for(self, queue: cl.CommandQueue | None) -> cl.CommandQueue:
+        if queue is None:
+            return default_queue(self._alloc.context)
+        if queue.context != self._alloc.context:
+            raise InvalidContextError("the queue belongs to another context than the array")
+        return queue
+
+    def _check_command(self, writes: bool, what: str) -> None:
+        state = self._alloc.map_state
+        if state is not None and self._alloc.policy.needs_map:
+            lo, hi = self.byte_range()
+            state.check_command(lo, hi, writes, what)
+
+    def get(self, queue: cl.CommandQueue | None = None) -> np.ndarray[Any, Any]:
+        """A new NumPy array holding the contents, after all recorded work on the array.
+
+        Blocks until the copy finished.  COARSE arrays are copied with
+        ``clEnqueueSVMMemcpy`` (no map), so this works outside ``mapped``.
+        """
+        alloc = self._live()
+        out = np.empty(self.shape, self.dtype)
+        if out.size == 0:
+            return out
+        pending = alloc.events.pending()
+        if not alloc.policy.needs_map:
+            wait_pending(pending)
+            out[...] = self._view
+            return out
+        self._check_command(False, "get()")
+        queue = self._queue_for(queue)
+        if self.contiguous:
+            target = out if self._view.flags.c_contiguous else np.asfortranarray(out)
+            cl.enqueue_copy(queue, target, self, wait_for=pending, is_blocking=True)
+            if target is not out:
+                out[...] = target
+            return out
+        span = self._read_span(queue, pending)
+        out[...] = self._strided(span)
+        return out
+
+    def set(self, ary: Any, queue: cl.CommandQueue | None = None) -> None:
+        """Write ``ary`` (broadcast and cast to this array's shape and dtype) into the array.
+
+        Orders itself after all recorded work on the array and returns when the data is in
+        SVM (the source may be reused at once).
+        """
+        alloc = self._live()
+        src = np.asarray(ary, dtype=self.dtype)
+        try:
+            src = np.broadcast_to(src, self.shape)
+        except ValueError as exc:
+            raise InvalidValueError(
+                f"cannot set an array of shape {self.shape} from shape {np.shape(ary)}") from exc
+        if self.size == 0:
+            return
+        pending = alloc.events.pending()
+        if not alloc.policy.needs_map:
+            wait_pending(pending)
+            self._view[...] = src
+            return
+        self._check_command(True, "set()")
+        queue = self._queue_for(queue)
+        if self._view.flags.c_contiguous:
+            data = np.ascontiguousarray(src)
+            cl.enqueue_copy(queue, self, data, wait_for=pending, is_blocking=True)
+            return
+        # Strided COARSE view: read the bytes it spans, patch them, write them back.
+        span = self._read_span(queue, pending)
+        self._strided(span)[...] = src
+        lo, hi = byte_extent(self._view)
+        dst = cl.SVM(alloc.u8[lo - alloc.ptr:hi - alloc.ptr])
+        cl.enqueue_copy(queue, dst, span, is_blocking=True)
+
+    def _read_span(self, queue: cl.CommandQueue, pending: list[cl.Event]) -> np.ndarray[Any, Any]:
+        alloc = self._alloc
+        lo, hi = byte_extent(self._view)
+        span = np.empty(hi - lo, np.uint8)
+        src = cl.SVM(alloc.u8[lo - alloc.ptr:hi - alloc.ptr])
+        cl.enqueue_copy(queue, span, src, wait_for=pending, is_blocking=True)
+        return span
+
+    def _strided(self, span: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """The elements of this view inside a host copy of its byte span."""
+        lo, _ = byte_extent(self._view)
+        first = self._view.__array_interface__["data"][0] - lo
+        return np.ndarray(self.shape, self.dtype, buffer=span, offset=first,
+                          strides=self.strides)
+
+    # -- freeing ---------------------------------------------------------------------------
+    def free(self) -> None:
+        """Free the allocation (and so every view of it); idempotent.
+
+        The memory goes back to its resource only after every command svmkit recorded on
+        it finished; this call itself does not block.
+        """
+        self._alloc.free()
+
+    def enqueue_free(self, queue: cl.CommandQueue, callback: FreeCallback | None = None,
+                     wait_for: Sequence[cl.Event] | None = None) -> cl.Event:
+        """``clEnqueueSVMFree`` semantics: free after earlier commands of ``queue``.
+
+        The array is unusable at once; the memory goes back to its resource after the
+        returned marker event (which waits for ``queue``'s earlier commands and
+        ``wait_for``) and every recorded command completed.  ``callback(queue, [array])``
+        then runs exactly once, on svmkit's release thread.  On an array already freed it
+        returns a completed event and does nothing else.
+
+        Notes
+        -----
+        PoCL 3.0's ``clEnqueueSVMFree`` keeps the caller's pointer array and double-frees;
+        svmkit therefore never calls it: a marker event plus ``clSVMFree`` gives the same
+        ordering on every implementation.
+        """
+        alloc = self._alloc
+        if queue.context != alloc.context:
+            raise InvalidContextError("the queue belongs to another context than the array")
+        events = check_wait_for(alloc.context, wait_for)
+        if alloc.freed:
+            done = cl.UserEvent(alloc.context)
+            done.set_status(cl.command_execution_status.COMPLETE)
+            return done
+        marker = cl.enqueue_marker(queue, wait_for=events or None)
+        alloc.events.record(marker)
+        alloc.free()
+        if callback is not None:
+            once = _Once(callback, queue, [self])
+            release_after([marker], once, background=True)
+        return marker
+
+    def __enter__(self) -> SVMArray:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+
+class _Once:
+    """Call ``callback(*args)`` at most once."""
+
+    __slots__ = ("args", "callback", "lock")
+
+    def __init__(self, callback: Callable[..., Any], *args: Any) -> None:
+        self.callback: Callable[..., Any] | None = callback
+        self.args = args
+        self.lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self.lock:
+            callback, self.callback = self.callback, None
+        if callback is not None:
+            callback(*self.args)
+
+
+def _shape_tuple(shape: Any) -> tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    try:
+        dims = tuple(int(n) for n in shape)
+    except TypeError as exc:
+        raise InvalidValueError(f"shape must be an int or a sequence of ints, got {shape!r}") \
+            from exc
+    if any(n < 0 for n in dims):
+        raise InvalidValueError(f"negative dimensions are not allowed: shape {dims}")
+    return dims
+
+
+def nbytes_of(shape: tuple[int, ...], dtype: np.dtype[Any]) -> int:
+    """Bytes an array of ``shape`` and ``dtype`` needs."""
+    return math.prod(shape) * dtype.itemsize

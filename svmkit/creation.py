@@ -1,0 +1,160 @@
+"""Array constructors: ``empty``, ``zeros``, ``ones``, ``full``, ``asarray`` and ``*_like``.
+
+Each draws its allocation from a memory resource (the current one by default, see
+:func:`svmkit.use_resource`), so pools slot in without touching :class:`SVMArray`.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from svmkit import _icd
+from svmkit._queues import default_queue
+from svmkit.array import SVMArray, _shape_tuple, nbytes_of
+from svmkit.errors import InvalidContextError, InvalidValueError
+from svmkit.policy import Policy
+from svmkit.resources.base import MemoryResource
+from svmkit.resources.current import current_resource
+
+__all__ = ["asarray", "empty", "empty_like", "full", "ones", "zeros", "zeros_like"]
+
+_best: weakref.WeakKeyDictionary[cl.Context, Policy] = weakref.WeakKeyDictionary()
+_best_lock = threading.Lock()
+_FILL_PATTERN_SIZES = frozenset({1, 2, 4, 8, 16, 32, 64, 128})
+
+
+def best_policy(ctx: cl.Context) -> Policy:
+    """``Policy.best(ctx)``, computed once per context."""
+    policy = _best.get(ctx)
+    if policy is None:
+        policy = Policy.best(ctx)
+        with _best_lock:
+            _best[ctx] = policy
+    return policy
+
+
+def resolve_resource(ctx: cl.Context, policy: Policy | None,
+                     resource: MemoryResource | None) -> MemoryResource:
+    """The resource an array constructor allocates from (API.md's ``empty`` rules)."""
+    if resource is None:
+        if policy is None:
+            policy = best_policy(ctx)
+        elif not isinstance(policy, Policy):
+            raise InvalidValueError(f"policy must be a svmkit.Policy, got {policy!r}")
+        return current_resource(ctx, policy)
+    if not isinstance(resource, MemoryResource):
+        raise InvalidValueError(f"resource must be a memory resource, got {resource!r}")
+    if resource.context != ctx:
+        raise InvalidContextError("the resource serves another context than the one given")
+    if policy is not None and policy != resource.policy:
+        raise InvalidValueError(
+            f"policy {policy} differs from the resource's policy {resource.policy}")
+    return resource
+
+
+def _new(resource: MemoryResource, shape: tuple[int, ...], dtype: np.dtype[Any],
+         alignment: int) -> SVMArray:
+    nbytes = nbytes_of(shape, dtype)
+    alloc = resource.allocate(nbytes, alignment)
+    view = alloc.u8[:nbytes].view(dtype).reshape(shape)
+    return SVMArray(alloc, view)
+
+
+def empty(ctx: cl.Context, shape: Any, dtype: Any = np.float64, *, policy: Policy | None = None,
+          alignment: int = 0, resource: MemoryResource | None = None) -> SVMArray:
+    """A new uninitialised array in SVM.
+
+    Parameters
+    ----------
+    ctx:
+        The context whose devices share the memory.
+    shape, dtype:
+        As in :func:`numpy.empty`.  A zero-element array is valid and allocates nothing.
+    policy:
+        Granularity and access; ``None`` means ``Policy.best(ctx)``, or the resource's
+        policy when ``resource`` is given (a different one: ``InvalidValueError``).
+    alignment:
+        0 for the default (the largest data type, ``max_alignment``), else a power of two
+        no larger than that (``clSVMAlloc``'s rule; else ``InvalidValueError``).
+    resource:
+        Memory resource to allocate from; default: :func:`svmkit.current_resource`.
+    """
+    shape_t = _shape_tuple(shape)
+    return _new(resolve_resource(ctx, policy, resource), shape_t, np.dtype(dtype), alignment)
+
+
+def fill_with(a: SVMArray, value: Any) -> None:
+    """Set every element of a fresh array to ``value`` and wait until that is done."""
+    if a.size == 0:
+        return
+    item = np.asarray(value, dtype=a.dtype)
+    if not a.policy.needs_map:
+        a._view.fill(item)
+        return
+    pattern = item.tobytes()
+    if len(pattern) in _FILL_PATTERN_SIZES:
+        queue = default_queue(a.context)
+        _icd.enqueue_svm_memfill(queue, a.ptr, pattern, a.nbytes).wait()
+    else:
+        a.set(np.full(a.shape, item, a.dtype))
+
+
+def full(ctx: cl.Context, shape: Any, fill_value: Any, dtype: Any = None, *,
+         policy: Policy | None = None, alignment: int = 0,
+         resource: MemoryResource | None = None) -> SVMArray:
+    """A new array of ``shape`` filled with ``fill_value`` (dtype from it, as in NumPy)."""
+    dt = np.asarray(fill_value).dtype if dtype is None else np.dtype(dtype)
+    a = empty(ctx, shape, dt, policy=policy, alignment=alignment, resource=resource)
+    fill_with(a, fill_value)
+    return a
+
+
+def zeros(ctx: cl.Context, shape: Any, dtype: Any = np.float64, *,
+          policy: Policy | None = None, alignment: int = 0,
+          resource: MemoryResource | None = None) -> SVMArray:
+    """A new array of zeros."""
+    return full(ctx, shape, 0, dtype, policy=policy, alignment=alignment, resource=resource)
+
+
+def ones(ctx: cl.Context, shape: Any, dtype: Any = np.float64, *,
+         policy: Policy | None = None, alignment: int = 0,
+         resource: MemoryResource | None = None) -> SVMArray:
+    """A new array of ones."""
+    return full(ctx, shape, 1, dtype, policy=policy, alignment=alignment, resource=resource)
+
+
+def empty_like(a: SVMArray, dtype: Any = None, shape: Any = None) -> SVMArray:
+    """A new array like ``a``: same context, policy and resource; shape and dtype unless
+    given."""
+    return empty(a.context, a.shape if shape is None else shape,
+                 a.dtype if dtype is None else dtype, resource=a.allocation.resource)
+
+
+def zeros_like(a: SVMArray, dtype: Any = None, shape: Any = None) -> SVMArray:
+    """A new zero-filled array like ``a``."""
+    out = empty_like(a, dtype, shape)
+    fill_with(out, 0)
+    return out
+
+
+def asarray(ctx: cl.Context, obj: Any, *, dtype: Any = None, policy: Policy | None = None,
+            resource: MemoryResource | None = None) -> SVMArray:
+    """``obj`` as an SVM array: returned as is when it already is one that matches,
+    else copied into a new array."""
+    if isinstance(obj, SVMArray):
+        matches = (obj.context == ctx and (dtype is None or np.dtype(dtype) == obj.dtype)
+                   and (policy is None or policy == obj.policy)
+                   and (resource is None or resource is obj.allocation.resource))
+        if matches:
+            obj._live()
+            return obj
+        obj = obj.get()
+    host = np.asarray(obj, dtype=dtype)
+    out = empty(ctx, host.shape, host.dtype, policy=policy, resource=resource)
+    out.set(host)
+    return out

@@ -1,0 +1,201 @@
+"""Exception classes of svmkit, and the one place that knows OpenCL error names.
+
+Every error svmkit raises on purpose derives from :class:`SVMError` and carries
+``.cl_error``: the OpenCL error name the specification gives for the condition, or
+``None`` where the condition is svmkit's own.  Classes that narrow a built-in
+(``ValueError``, ``MemoryError``) derive from it too, so ``except ValueError`` keeps
+working for code that does not know svmkit.
+
+:func:`translate` is the single wrapper through which driver errors pass: it maps a
+``pyopencl.Error`` to the matching svmkit class and chains the original with ``from``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = [
+    "CopyOverlapError",
+    "InvalidContextError",
+    "InvalidValueError",
+    "MapStateError",
+    "OutOfMemoryError",
+    "QueueClosed",
+    "SVMError",
+    "UnsupportedError",
+    "UseAfterFreeError",
+    "cl_error_name",
+    "error_for_name",
+    "translate",
+    "translated",
+]
+
+
+class SVMError(Exception):
+    """Base class of every error svmkit raises on purpose.
+
+    Parameters
+    ----------
+    message:
+        What was given, what the rule is, and (for capability problems) which device.
+    cl_error:
+        The OpenCL error name for the condition (``"CL_INVALID_VALUE"``...) or ``None``
+        where the condition is svmkit's own.
+    """
+
+    default_cl_error: str | None = None
+
+    def __init__(self, message: str, *, cl_error: str | None = None) -> None:
+        super().__init__(message)
+        self.cl_error: str | None = cl_error if cl_error is not None else self.default_cl_error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.args[0] if self.args else "", dict(self.__dict__)))
+
+
+def _rebuild(cls: type[SVMError], message: str, state: dict[str, Any]) -> SVMError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.__dict__.update(state)
+    return err
+
+
+class InvalidValueError(SVMError, ValueError):
+    """A spec ``CL_INVALID_VALUE`` condition: bad flags, alignment, size, pattern, range, mode."""
+
+    default_cl_error = "CL_INVALID_VALUE"
+
+
+class CopyOverlapError(InvalidValueError):
+    """A copy whose source and destination bytes overlap (``CL_MEM_COPY_OVERLAP``)."""
+
+    default_cl_error = "CL_MEM_COPY_OVERLAP"
+
+
+class UnsupportedError(SVMError):
+    """A capability that some device in the context lacks."""
+
+    default_cl_error = None
+
+
+class InvalidContextError(SVMError, ValueError):
+    """Queue, array, event or pool from different contexts (``CL_INVALID_CONTEXT``)."""
+
+    default_cl_error = "CL_INVALID_CONTEXT"
+
+
+class MapStateError(SVMError):
+    """Host access to an unmapped coarse-grain array, or a command on a mapped one."""
+
+    default_cl_error = None
+
+
+class UseAfterFreeError(SVMError):
+    """Any use of an array (or a view of it) after it was freed."""
+
+    default_cl_error = None
+
+
+class OutOfMemoryError(SVMError, MemoryError):
+    """An allocation failed or a limit of svmkit's was reached.
+
+    ``nbytes`` is the size asked for; ``limit_bytes``, ``in_use_bytes``, ``cached_bytes``
+    and ``fragmented_bytes`` carry the figures the raiser knew (``None`` if not).
+    """
+
+    default_cl_error = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        nbytes: int,
+        cl_error: str | None = None,
+        limit_bytes: int | None = None,
+        in_use_bytes: int | None = None,
+        cached_bytes: int | None = None,
+        fragmented_bytes: int | None = None,
+    ) -> None:
+        super().__init__(message, cl_error=cl_error)
+        self.nbytes = nbytes
+        self.limit_bytes = limit_bytes
+        self.in_use_bytes = in_use_bytes
+        self.cached_bytes = cached_bytes
+        self.fragmented_bytes = fragmented_bytes
+
+
+class QueueClosed(SVMError):
+    """``pop`` on a work queue that is closed and drained; ``push`` after ``close()``."""
+
+    default_cl_error = None
+
+
+# OpenCL error codes that SVM calls can return (cl.h), by value.
+_CL_ERROR_NAMES: dict[int, str] = {
+    -4: "CL_MEM_OBJECT_ALLOCATION_FAILURE",
+    -5: "CL_OUT_OF_RESOURCES",
+    -6: "CL_OUT_OF_HOST_MEMORY",
+    -8: "CL_MEM_COPY_OVERLAP",
+    -30: "CL_INVALID_VALUE",
+    -33: "CL_INVALID_DEVICE",
+    -34: "CL_INVALID_CONTEXT",
+    -36: "CL_INVALID_COMMAND_QUEUE",
+    -38: "CL_INVALID_MEM_OBJECT",
+    -48: "CL_INVALID_KERNEL",
+    -52: "CL_INVALID_KERNEL_ARGS",
+    -54: "CL_INVALID_WORK_GROUP_SIZE",
+    -57: "CL_INVALID_EVENT_WAIT_LIST",
+    -58: "CL_INVALID_EVENT",
+    -59: "CL_INVALID_OPERATION",
+    -14: "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
+}
+
+_CLASS_FOR_NAME: dict[str, type[SVMError]] = {
+    "CL_INVALID_VALUE": InvalidValueError,
+    "CL_MEM_COPY_OVERLAP": CopyOverlapError,
+    "CL_INVALID_CONTEXT": InvalidContextError,
+    "CL_INVALID_OPERATION": UnsupportedError,
+    "CL_MEM_OBJECT_ALLOCATION_FAILURE": OutOfMemoryError,
+    "CL_OUT_OF_RESOURCES": OutOfMemoryError,
+    "CL_OUT_OF_HOST_MEMORY": OutOfMemoryError,
+}
+
+
+def cl_error_name(code: int) -> str:
+    """The ``CL_...`` name of an OpenCL error code (``"CL_ERROR_<code>"`` if unknown)."""
+    return _CL_ERROR_NAMES.get(code, f"CL_ERROR_{code}")
+
+
+def translate(exc: BaseException, *, what: str, nbytes: int = 0) -> SVMError:
+    """The svmkit error for a driver error raised by PyOpenCL while doing ``what``.
+
+    A ``pyopencl.Error`` with a known code becomes the matching class with ``cl_error``
+    set; any other driver code becomes a plain :class:`SVMError` carrying its name.
+    """
+    code_attr = getattr(exc, "code", None)
+    code = code_attr() if callable(code_attr) else code_attr
+    name = cl_error_name(int(code)) if isinstance(code, int) else None
+    return error_for_name(name, f"{what} failed in the OpenCL driver: {exc}", nbytes=nbytes)
+
+
+def error_for_name(name: str | None, message: str, *, nbytes: int = 0) -> SVMError:
+    """The svmkit error of the class that matches OpenCL error ``name``."""
+    cls = _CLASS_FOR_NAME.get(name or "", SVMError)
+    if name and name not in message:
+        message = f"{message} ({name})"
+    if cls is OutOfMemoryError:
+        return OutOfMemoryError(message, nbytes=nbytes, cl_error=name)
+    return cls(message, cl_error=name)
+
+
+@contextmanager
+def translated(what: str, *, nbytes: int = 0) -> Iterator[None]:
+    """Run a block of PyOpenCL calls, re-raising driver errors as svmkit errors."""
+    import pyopencl as cl
+
+    try:
+        yield
+    except cl.Error as exc:
+        raise translate(exc, what=what, nbytes=nbytes) from exc

@@ -1,0 +1,79 @@
+"""OpenCL C sources shipped with svmkit, and building programs that include them."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pyopencl as cl
+
+from svmkit.capabilities import capabilities, opencl_c_versions
+
+__all__ = ["build_program", "build_options", "kernels_dir", "scope_for"]
+
+
+@functools.cache
+def kernels_dir() -> Path:
+    """Directory of svmkit's OpenCL C headers and kernels (``kernels/`` in the source).
+
+    From an installed package this is ``svmkit/kernels`` inside site-packages; from a
+    source checkout that was not installed, the checkout's top-level ``kernels/``.
+    """
+    try:
+        packaged = Path(str(resources.files("svmkit.kernels")))
+        if (packaged / "svmkit_atomics.h").is_file():
+            return packaged
+    except ModuleNotFoundError:
+        pass
+    source = Path(__file__).resolve().parent.parent / "kernels"
+    if (source / "svmkit_atomics.h").is_file():
+        return source
+    raise FileNotFoundError("svmkit's OpenCL C kernels were not found next to the package")
+
+
+def scope_for(ctx: cl.Context) -> str:
+    """``memory_scope_all_svm_devices`` where every device has the OpenCL C feature
+    ``__opencl_c_atomic_scope_all_devices`` (or OpenCL C 2.x), else
+    ``memory_scope_device``."""
+    if capabilities(ctx).atomic_scope_all_devices:
+        return "memory_scope_all_svm_devices"
+    return "memory_scope_device"
+
+
+def _cl_std(ctx: cl.Context) -> str | None:
+    common: set[tuple[int, int]] | None = None
+    for device in ctx.devices:
+        versions = set(opencl_c_versions(device))
+        common = versions if common is None else common & versions
+    if not common:
+        return None
+    major, minor = max(common)
+    return f"-cl-std=CL{major}.{minor}"
+
+
+def build_options(ctx: cl.Context, options: Iterable[str] = (),
+                  defines: Mapping[str, Any] | None = None) -> list[str]:
+    """The options :func:`build_program` passes: include path, ``-cl-std``, defines."""
+    opts = [f"-I{kernels_dir()}"]
+    std = _cl_std(ctx)
+    if std is not None:
+        opts.append(std)
+    opts.append(f"-DSVMKIT_SCOPE={scope_for(ctx)}")
+    for name, value in (defines or {}).items():
+        opts.append(f"-D{name}" if value is None else f"-D{name}={value}")
+    opts.extend(options)
+    return opts
+
+
+def build_program(ctx: cl.Context, source: str, *, options: Iterable[str] = (),
+                  defines: Mapping[str, Any] | None = None) -> cl.Program:
+    """Build OpenCL C ``source`` for every device of ``ctx`` with svmkit's headers.
+
+    Adds ``-I kernels_dir()``, the highest ``-cl-std`` every device supports and
+    ``SVMKIT_SCOPE`` (see :func:`scope_for`); ``defines`` maps names to values
+    (``{"WQ_ITEM": "int"}``).
+    """
+    return cl.Program(ctx, source).build(options=build_options(ctx, options, defines))

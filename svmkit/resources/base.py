@@ -1,0 +1,108 @@
+"""The memory-resource interface and the allocation record every resource returns.
+
+A *resource* owns memory; an *adaptor* wraps an ``upstream`` resource (its first
+constructor argument, kept alive) and adds one concern.  Every resource serves one
+context and one :class:`~svmkit.policy.Policy`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from svmkit._mapstate import MapState
+from svmkit.events import EventRecord
+
+if TYPE_CHECKING:
+    import pyopencl as cl
+
+    from svmkit.capabilities import Capabilities
+    from svmkit.policy import Policy
+
+__all__ = ["Allocation", "MemoryResource", "host_bytes"]
+
+
+def host_bytes(ptr: int, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """A writable uint8 NumPy view of ``nbytes`` at address ``ptr`` (no copy, no access)."""
+    if nbytes == 0:
+        return np.empty(0, np.uint8)
+    return np.frombuffer((ctypes.c_uint8 * nbytes).from_address(ptr), np.uint8)
+
+
+class Allocation:
+    """One block of SVM handed to a user: address, size, owner, pending events, map state.
+
+    ``resource`` is the outermost resource that handed it out and takes it back;
+    ``block`` is that resource's own bookkeeping (a pool block, a host buffer...).
+    An allocation is freed once, by :meth:`free` or when the last reference goes.
+    """
+
+    __slots__ = ("block", "context", "events", "freed", "map_state", "nbytes", "policy", "ptr",
+                 "resource", "u8", "__weakref__")
+
+    def __init__(self, resource: MemoryResource, ptr: int, nbytes: int,
+                 u8: np.ndarray[Any, np.dtype[np.uint8]] | None = None,
+                 block: Any = None) -> None:
+        self.resource = resource
+        self.context = resource.context
+        self.policy = resource.policy
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.block = block
+        self.u8 = host_bytes(ptr, nbytes) if u8 is None else u8
+        self.events = EventRecord()
+        self.map_state: MapState | None = None
+        self.freed = False
+
+    def free(self) -> None:
+        """Give the memory back to its resource after recorded commands finish; idempotent."""
+        if self.freed:
+            return
+        self.freed = True
+        if self.nbytes:
+            self.resource.deallocate(self)
+
+    def __del__(self) -> None:
+        try:
+            self.free()
+        except Exception:  # never raise from a finaliser (interpreter may be exiting)
+            pass
+
+    def __repr__(self) -> str:
+        state = "freed" if self.freed else "live"
+        return f"<Allocation {self.nbytes} B at {self.ptr:#x} {self.policy} {state}>"
+
+
+class MemoryResource:
+    """Base of every resource and adaptor: ``allocate`` and ``deallocate`` SVM."""
+
+    context: cl.Context
+    policy: Policy
+    capabilities: Capabilities
+    upstream: MemoryResource | None = None
+
+    def allocate(self, nbytes: int, alignment: int = 0) -> Allocation:
+        """An allocation of at least ``nbytes`` bytes aligned to ``alignment`` (0: default).
+
+        Raises
+        ------
+        InvalidValueError
+            Size or alignment break ``clSVMAlloc``'s rules.
+        OutOfMemoryError
+            The memory could not be had.
+        """
+        raise NotImplementedError
+
+    def deallocate(self, allocation: Allocation) -> None:
+        """Take ``allocation`` back; memory is reused only after its recorded events finish."""
+        raise NotImplementedError
+
+    def serves(self, context: cl.Context, policy: Policy) -> bool:
+        """Whether this resource allocates for ``context`` under ``policy``."""
+        return bool(self.policy == policy and self.context == context)
+
+    def __repr__(self) -> str:
+        inner = f"{self.upstream!r}" if self.upstream is not None else str(self.policy)
+        return f"{type(self).__name__}({inner})"

@@ -1,0 +1,125 @@
+"""SVMResource: raw ``clSVMAlloc``/``clSVMFree``, every argument checked first."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from svmkit import _icd
+from svmkit.capabilities import capabilities, check_context_layout
+from svmkit.errors import OutOfMemoryError
+from svmkit.events import release_after
+from svmkit.policy import Granularity, Policy, check_alignment, check_size
+from svmkit.resources.base import Allocation, MemoryResource, host_bytes
+
+__all__ = ["SVMResource"]
+
+log = logging.getLogger(__name__)
+
+# Some drivers (NVIDIA's OpenCL) return NULL from clSVMAlloc when another thread allocates
+# or frees SVM at the same time: driver allocation and freeing are serialised per context.
+_context_locks: weakref.WeakKeyDictionary[cl.Context, threading.Lock] = \
+    weakref.WeakKeyDictionary()
+_context_locks_guard = threading.Lock()
+
+
+def driver_lock(context: cl.Context) -> threading.Lock:
+    """The lock that serialises ``clSVMAlloc``/``clSVMFree`` on ``context``."""
+    lock = _context_locks.get(context)
+    if lock is None:
+        with _context_locks_guard:
+            lock = _context_locks.setdefault(context, threading.Lock())
+    return lock
+
+
+class SVMResource(MemoryResource):
+    """Memory straight from the driver: ``clSVMAlloc`` on allocate, ``clSVMFree`` on free.
+
+    Parameters
+    ----------
+    ctx:
+        The context every allocation belongs to.
+    policy:
+        Granularity, atomics and access; ``None`` means ``Policy.best(ctx)``.
+
+    Notes
+    -----
+    Every ``clSVMAlloc`` rule the spec lists (flags, alignment, size) is checked before the
+    driver is called; a NULL result becomes :class:`~svmkit.OutOfMemoryError` with
+    ``cl_error="CL_MEM_OBJECT_ALLOCATION_FAILURE"``.  ``clSVMFree`` runs only after every
+    event recorded on the allocation completed (spec: the application must ensure no
+    command uses the memory after it is freed).  SYSTEM memory comes from the host
+    allocator, as fine-grain system SVM allows.
+    """
+
+    def __init__(self, ctx: cl.Context, policy: Policy | None = None) -> None:
+        check_context_layout(ctx)
+        if policy is None:
+            policy = Policy.best(ctx)
+        elif not isinstance(policy, Policy):
+            from svmkit.errors import InvalidValueError
+
+            raise InvalidValueError(f"policy must be a svmkit.Policy, got {policy!r}")
+        policy.check(ctx)
+        self.context = ctx
+        self.policy = policy
+        self.capabilities = capabilities(ctx)
+        self._flags = policy.flags
+        self._lock = driver_lock(ctx)
+
+    def allocate(self, nbytes: int, alignment: int = 0) -> Allocation:
+        """Allocate ``nbytes`` (0 allocates nothing) aligned to ``alignment`` bytes."""
+        alignment = check_alignment(alignment, self.capabilities)
+        check_size(nbytes, self.capabilities)
+        if nbytes == 0:
+            return Allocation(self, 0, 0)
+        if self.policy.granularity is Granularity.SYSTEM:
+            return self._allocate_system(nbytes, alignment)
+        with self._lock:
+            ptr = _icd.svm_alloc(self.context, self._flags, nbytes, alignment)
+        if not ptr:
+            raise OutOfMemoryError(
+                f"clSVMAlloc returned NULL for {nbytes} bytes ({self.policy}, alignment "
+                f"{alignment}) on {self.capabilities.name}",
+                nbytes=nbytes, cl_error="CL_MEM_OBJECT_ALLOCATION_FAILURE")
+        return Allocation(self, ptr, nbytes)
+
+    def _allocate_system(self, nbytes: int, alignment: int) -> Allocation:
+        try:
+            raw = np.empty(nbytes + alignment, np.uint8)
+        except MemoryError as exc:
+            raise OutOfMemoryError(f"host allocation of {nbytes} bytes failed",
+                                   nbytes=nbytes) from exc
+        start = (-raw.ctypes.data) % alignment
+        u8 = raw[start:start + nbytes]
+        return Allocation(self, int(u8.ctypes.data), nbytes, u8=u8, block=raw)
+
+    def deallocate(self, allocation: Allocation) -> None:
+        """``clSVMFree`` once the allocation's recorded events completed (never blocks)."""
+        if allocation.block is not None:  # SYSTEM: host memory, dropped with the record
+            release_after(allocation.events.take(), _drop(allocation))
+            return
+        release_after(allocation.events.take(), _SVMFree(self.context, self._lock,
+                                                         allocation.ptr))
+
+
+class _SVMFree:
+    __slots__ = ("context", "lock", "ptr")
+
+    def __init__(self, context: cl.Context, lock: threading.Lock, ptr: int) -> None:
+        self.context, self.lock, self.ptr = context, lock, ptr
+
+    def __call__(self) -> None:
+        with self.lock:
+            _icd.svm_free(self.context, self.ptr)
+
+
+def _drop(allocation: Allocation) -> Any:
+    """A release that keeps a SYSTEM allocation's host buffer alive until it runs."""
+    block = allocation.block
+    return lambda: block  # the closure holds the buffer; dropping the closure frees it

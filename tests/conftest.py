@@ -1,0 +1,78 @@
+"""Device fixtures: every test gets a real context; needs are a marker resolved here.
+
+``SVMKIT_TEST_DEVICES`` unset: the context ``sk.create_context()`` gives (honouring
+``PYOPENCL_CTX``).  ``@pytest.mark.needs("fine", "atomics")`` skips, naming the missing
+capability, when the context lacks it (so the suite runs on coarse-only drivers too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+import svmkit as sk
+
+_NEEDS = {
+    "coarse": lambda c: c.coarse_grain_buffer,
+    "fine": lambda c: c.fine_grain_buffer,
+    "system": lambda c: c.fine_grain_system,
+    "atomics": lambda c: c.atomics and c.fine_grain_buffer,
+    "migrate": lambda c: c.migrate,
+}
+
+
+@pytest.fixture(scope="session")
+def ctx() -> cl.Context:
+    """The context the suite runs on (one SVM device)."""
+    return sk.create_context()
+
+
+@pytest.fixture(scope="session")
+def caps(ctx: cl.Context) -> sk.Capabilities:
+    return sk.capabilities(ctx)
+
+
+@pytest.fixture
+def queue(ctx: cl.Context) -> Iterator[cl.CommandQueue]:
+    q = cl.CommandQueue(ctx)
+    yield q
+    q.finish()
+
+
+@pytest.fixture(autouse=True)
+def _resolve_needs(request: pytest.FixtureRequest) -> None:
+    marker = request.node.get_closest_marker("needs")
+    if marker is None:
+        return
+    caps = sk.capabilities(request.getfixturevalue("ctx"))
+    missing = [need for need in marker.args if not _NEEDS[need](caps)]
+    if missing:
+        pytest.skip(f"the test device lacks {', '.join(missing)} SVM ({caps.name})")
+
+
+@pytest.fixture(params=["coarse", "fine"])
+def policy(request: pytest.FixtureRequest, caps: sk.Capabilities) -> sk.Policy:
+    """Each buffer granularity the device supports (skips the others, naming them)."""
+    if not _NEEDS[request.param](caps):
+        pytest.skip(f"the test device lacks {request.param} SVM ({caps.name})")
+    return sk.Policy.coarse() if request.param == "coarse" else sk.Policy.fine()
+
+
+@pytest.fixture(scope="session")
+def two_device_ctx() -> cl.Context:
+    """A context of two devices that share SVM (PoCL with POCL_DEVICES="pthread pthread")."""
+    for platform in cl.get_platforms():
+        devices = [d for d in platform.get_devices() if sk.capabilities(d).coarse_grain_buffer]
+        if len(devices) >= 2:
+            return cl.Context(devices[:2])
+    pytest.skip("no platform offers two SVM devices; run with POCL_DEVICES='pthread pthread'")
+
+
+def host_copy(a: sk.SVMArray) -> np.ndarray:
+    """The array's contents read back through the device (a.get())."""
+    return a.get()
+
+
