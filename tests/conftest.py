@@ -1,19 +1,24 @@
 """Device fixtures: every test gets a real context; needs are a marker resolved here.
 
-``SVMKIT_TEST_DEVICES`` unset: the context ``sk.create_context()`` gives (honouring
-``PYOPENCL_CTX``).  ``@pytest.mark.needs("fine", "atomics")`` skips, naming the missing
+The context is the one ``sk.create_context()`` gives (so ``PYOPENCL_CTX`` selects another
+implementation).  ``@pytest.mark.needs("fine", "atomics")`` skips, naming the missing
 capability, when the context lacks it (so the suite runs on coarse-only drivers too).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
 
-import numpy as np
-import pyopencl as cl
-import pytest
+# PoCL: two CPU devices, so multi-device contexts are testable (other drivers ignore this).
+os.environ.setdefault("POCL_DEVICES", "pthread pthread")
 
-import svmkit as sk
+from collections.abc import Iterator  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pyopencl as cl  # noqa: E402
+import pytest  # noqa: E402
+
+import svmkit as sk  # noqa: E402
 
 _NEEDS = {
     "coarse": lambda c: c.coarse_grain_buffer,
