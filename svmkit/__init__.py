@@ -19,8 +19,8 @@ from svmkit.errors import (
     UnsupportedError,
     UseAfterFreeError,
 )
-from svmkit.programs import build_program, kernels_dir
 from svmkit.policy import Access, Granularity, Policy
+from svmkit.programs import build_program, kernels_dir
 from svmkit.resources import (
     Allocation,
     MemoryResource,

@@ -55,17 +55,32 @@ def _library() -> ctypes.CDLL:
             if _lib is None:
                 lib = ctypes.CDLL(library_path())
                 lib.clSVMAlloc.restype = ctypes.c_void_p
-                lib.clSVMAlloc.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t,
-                                           ctypes.c_uint]
+                lib.clSVMAlloc.argtypes = [
+                    ctypes.c_void_p,
+                    ctypes.c_uint64,
+                    ctypes.c_size_t,
+                    ctypes.c_uint,
+                ]
                 lib.clSVMFree.restype = None
                 lib.clSVMFree.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
                 lib.clSetKernelExecInfo.restype = ctypes.c_int32
-                lib.clSetKernelExecInfo.argtypes = [ctypes.c_void_p, ctypes.c_uint,
-                                                    ctypes.c_size_t, ctypes.c_void_p]
+                lib.clSetKernelExecInfo.argtypes = [
+                    ctypes.c_void_p,
+                    ctypes.c_uint,
+                    ctypes.c_size_t,
+                    ctypes.c_void_p,
+                ]
                 lib.clEnqueueSVMMemFill.restype = ctypes.c_int32
                 lib.clEnqueueSVMMemFill.argtypes = [
-                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
-                    ctypes.c_size_t, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+                    ctypes.c_void_p,
+                    ctypes.c_void_p,
+                    ctypes.c_void_p,
+                    ctypes.c_size_t,
+                    ctypes.c_size_t,
+                    ctypes.c_uint,
+                    ctypes.c_void_p,
+                    ctypes.c_void_p,
+                ]
                 _lib = lib
     return _lib
 
@@ -84,13 +99,19 @@ def svm_free(context: cl.Context, ptr: int) -> None:
 def set_kernel_exec_info_svm_ptrs(kernel: cl.Kernel, ptrs: tuple[int, ...]) -> int:
     """``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS)``; returns the CL error code."""
     arr = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
-    return int(_library().clSetKernelExecInfo(
-        kernel.int_ptr, CL_KERNEL_EXEC_INFO_SVM_PTRS,
-        ctypes.sizeof(ctypes.c_void_p) * len(ptrs), arr if ptrs else None))
+    return int(
+        _library().clSetKernelExecInfo(
+            kernel.int_ptr,
+            CL_KERNEL_EXEC_INFO_SVM_PTRS,
+            ctypes.sizeof(ctypes.c_void_p) * len(ptrs),
+            arr if ptrs else None,
+        )
+    )
 
 
-def enqueue_svm_memfill(queue: cl.CommandQueue, ptr: int, pattern: bytes, size: int,
-                        wait_for: Any = None) -> cl.Event:
+def enqueue_svm_memfill(
+    queue: cl.CommandQueue, ptr: int, pattern: bytes, size: int, wait_for: Any = None
+) -> cl.Event:
     """``clEnqueueSVMMemFill`` over exactly ``size`` bytes; returns a PyOpenCL event.
 
     PyOpenCL's own wrapper ignores its ``byte_count`` argument and fills the whole buffer.
@@ -100,8 +121,15 @@ def enqueue_svm_memfill(queue: cl.CommandQueue, ptr: int, pattern: bytes, size: 
     out = ctypes.c_void_p()
     buf = ctypes.create_string_buffer(pattern, len(pattern))
     code = _library().clEnqueueSVMMemFill(
-        queue.int_ptr, ptr, buf, len(pattern), size, len(events),
-        wl if events else None, ctypes.byref(out))
+        queue.int_ptr,
+        ptr,
+        buf,
+        len(pattern),
+        size,
+        len(events),
+        wl if events else None,
+        ctypes.byref(out),
+    )
     if code != 0:
         from svmkit.errors import cl_error_name, error_for_name
 

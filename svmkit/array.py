@@ -55,8 +55,11 @@ def _is_basic_key(key: Any) -> bool:
     items = key if isinstance(key, tuple) else (key,)
     return all(
         (isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)))
-        or isinstance(k, slice) or k is None or k is Ellipsis
-        for k in items)
+        or isinstance(k, slice)
+        or k is None
+        or k is Ellipsis
+        for k in items
+    )
 
 
 class SVMArray(cl.SVM):  # type: ignore[misc]
@@ -81,13 +84,14 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
     _offset: int
     base: SVMArray | None
 
-    def __init__(self, alloc: Allocation, view: np.ndarray[Any, Any],
-                 base: SVMArray | None = None) -> None:
+    def __init__(
+        self, alloc: Allocation, view: np.ndarray[Any, Any], base: SVMArray | None = None
+    ) -> None:
         offset = view.__array_interface__["data"][0] - alloc.ptr if alloc.nbytes else 0
         if view.flags.c_contiguous or view.flags.f_contiguous:
             super().__init__(view)
         else:  # PyOpenCL's SVM pointer wants contiguous memory: point at element 0's bytes
-            super().__init__(alloc.u8[offset:byte_extent(view)[1] - alloc.ptr])
+            super().__init__(alloc.u8[offset : byte_extent(view)[1] - alloc.ptr])
         self._alloc = alloc
         self._view = view
         self._offset = offset
@@ -100,7 +104,8 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
 
     @property
     def dtype(self) -> np.dtype[Any]:
-        return self._view.dtype
+        dtype: np.dtype[Any] = self._view.dtype
+        return dtype
 
     @property
     def size(self) -> int:  # type: ignore[override]
@@ -166,7 +171,8 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         if alloc.freed:
             raise UseAfterFreeError(
                 f"this {self._describe()} was freed (free(), enqueue_free() or the end of a "
-                "`with` block); its memory may already belong to another array")
+                "`with` block); its memory may already belong to another array"
+            )
         return alloc
 
     def _describe(self) -> str:
@@ -192,7 +198,8 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
             raise MapStateError(
                 f"host access to a coarse-grain {self._describe()} outside a map: the spec "
                 "lets the host touch coarse-grain SVM only while it is mapped; use "
-                "`with svmkit.mapped(queue, a) as h:` or a.get()/a.set()")
+                "`with svmkit.mapped(queue, a) as h:` or a.get()/a.set()"
+            )
 
     @property
     def host(self) -> np.ndarray[Any, Any]:
@@ -211,7 +218,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         if not _is_basic_key(key):
             return self.host[key]  # advanced indexing copies, as in NumPy
         items = key if isinstance(key, tuple) else (key,)
-        view = self._view[(*items, Ellipsis)]
+        view = self._view[tuple(items) + (Ellipsis,)]
         if view.ndim == 0 and not any(k is Ellipsis or k is None for k in items):
             self._check_host_access()
             return view[()]
@@ -227,8 +234,10 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
 
     def __repr__(self) -> str:
         state = " freed" if self.freed else ""
-        return (f"<SVMArray shape={self.shape} dtype={self.dtype} {self.policy}{state} "
-                f"at {self._alloc.ptr + self._offset:#x}>")
+        return (
+            f"<SVMArray shape={self.shape} dtype={self.dtype} {self.policy}{state} "
+            f"at {self._alloc.ptr + self._offset:#x}>"
+        )
 
     def __iter__(self) -> Any:
         raise TypeError("iterate over a.get() or a.host: SVMArray does not iterate by element")
@@ -242,15 +251,17 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         try:
             view.shape = new_shape
         except AttributeError as exc:
-            raise InvalidValueError(f"cannot reshape {self.shape} to {new_shape} "
-                                    "without copying") from exc
+            raise InvalidValueError(
+                f"cannot reshape {self.shape} to {new_shape} without copying"
+            ) from exc
         return SVMArray(self._alloc, view, self.base if self.base is not None else self)
 
     def view(self, dtype: Any) -> SVMArray:
         """The same bytes seen as another dtype (NumPy's ``ndarray.view`` rules)."""
         self._live()
-        return SVMArray(self._alloc, self._view.view(dtype),
-                        self.base if self.base is not None else self)
+        return SVMArray(
+            self._alloc, self._view.view(dtype), self.base if self.base is not None else self
+        )
 
     @property
     def T(self) -> SVMArray:
@@ -310,7 +321,8 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
             src = np.broadcast_to(src, self.shape)
         except ValueError as exc:
             raise InvalidValueError(
-                f"cannot set an array of shape {self.shape} from shape {np.shape(ary)}") from exc
+                f"cannot set an array of shape {self.shape} from shape {np.shape(ary)}"
+            ) from exc
         if self.size == 0:
             return
         pending = alloc.events.pending()
@@ -321,21 +333,23 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         self._check_command(True, "set()")
         queue = self._queue_for(queue)
         if self._view.flags.c_contiguous:
-            data = np.ascontiguousarray(src)
+            # PyOpenCL wraps the source as an SVM pointer, which needs a writable buffer.
+            flags = src.flags
+            data = src if flags.c_contiguous and flags.writeable else np.array(src, order="C")
             cl.enqueue_copy(queue, self, data, wait_for=pending, is_blocking=True)
             return
         # Strided COARSE view: read the bytes it spans, patch them, write them back.
         span = self._read_span(queue, pending)
         self._strided(span)[...] = src
         lo, hi = byte_extent(self._view)
-        dst = cl.SVM(alloc.u8[lo - alloc.ptr:hi - alloc.ptr])
+        dst = cl.SVM(alloc.u8[lo - alloc.ptr : hi - alloc.ptr])
         cl.enqueue_copy(queue, dst, span, is_blocking=True)
 
     def _read_span(self, queue: cl.CommandQueue, pending: list[cl.Event]) -> np.ndarray[Any, Any]:
         alloc = self._alloc
         lo, hi = byte_extent(self._view)
         span = np.empty(hi - lo, np.uint8)
-        src = cl.SVM(alloc.u8[lo - alloc.ptr:hi - alloc.ptr])
+        src = cl.SVM(alloc.u8[lo - alloc.ptr : hi - alloc.ptr])
         cl.enqueue_copy(queue, span, src, wait_for=pending, is_blocking=True)
         return span
 
@@ -343,8 +357,10 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         """The elements of this view inside a host copy of its byte span."""
         lo, _ = byte_extent(self._view)
         first = self._view.__array_interface__["data"][0] - lo
-        return np.ndarray(self.shape, self.dtype, buffer=span, offset=first,
-                          strides=self.strides)
+        strided: np.ndarray[Any, Any] = np.ndarray(
+            self.shape, self.dtype, buffer=span, offset=first, strides=self.strides
+        )
+        return strided
 
     # -- freeing ---------------------------------------------------------------------------
     def free(self) -> None:
@@ -355,8 +371,12 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         """
         self._alloc.free()
 
-    def enqueue_free(self, queue: cl.CommandQueue, callback: FreeCallback | None = None,
-                     wait_for: Sequence[cl.Event] | None = None) -> cl.Event:
+    def enqueue_free(
+        self,
+        queue: cl.CommandQueue,
+        callback: FreeCallback | None = None,
+        wait_for: Sequence[cl.Event] | None = None,
+    ) -> cl.Event:
         """``clEnqueueSVMFree`` semantics: free after earlier commands of ``queue``.
 
         The array is unusable at once; the memory goes back to its resource after the
@@ -417,8 +437,9 @@ def _shape_tuple(shape: Any) -> tuple[int, ...]:
     try:
         dims = tuple(int(n) for n in shape)
     except TypeError as exc:
-        raise InvalidValueError(f"shape must be an int or a sequence of ints, got {shape!r}") \
-            from exc
+        raise InvalidValueError(
+            f"shape must be an int or a sequence of ints, got {shape!r}"
+        ) from exc
     if any(n < 0 for n in dims):
         raise InvalidValueError(f"negative dimensions are not allowed: shape {dims}")
     return dims

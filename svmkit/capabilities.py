@@ -125,8 +125,11 @@ def _query_device(device: cl.Device) -> Capabilities:
         scope_all = any(v >= (2, 0) for v in c_versions)
     extensions = device.extensions.split()
     full_profile = device.profile.strip() == "FULL_PROFILE"
-    int64 = (full_profile or "cl_khr_int64" in extensions
-             or bool(features and "__opencl_c_int64" in features))
+    int64 = (
+        full_profile
+        or "cl_khr_int64" in extensions
+        or bool(features and "__opencl_c_int64" in features)
+    )
     return Capabilities(
         coarse_grain_buffer=bool(svm & _SVM_COARSE),
         fine_grain_buffer=bool(svm & _SVM_FINE_BUFFER),
@@ -206,12 +209,14 @@ def check_context_layout(ctx: cl.Context) -> None:
             raise UnsupportedError(
                 f"device {device_label(device)} has a {caps.address_bits}-bit address space "
                 f"but the host has {HOST_ADDRESS_BITS} bits; SVM requires the same address "
-                "space size on the host and every device in the context")
+                "space size on the host and every device in the context"
+            )
         if caps.little_endian != HOST_LITTLE_ENDIAN:
             raise UnsupportedError(
                 f"device {device_label(device)} is "
                 f"{'little' if caps.little_endian else 'big'}-endian but the host is "
-                f"{sys.byteorder}-endian; SVM pointers cannot be shared across endianness")
+                f"{sys.byteorder}-endian; SVM pointers cannot be shared across endianness"
+            )
 
 
 def _svm_devices(device_type: Any = None) -> tuple[list[cl.Device], list[str]]:
@@ -220,15 +225,17 @@ def _svm_devices(device_type: Any = None) -> tuple[list[cl.Device], list[str]]:
     others: list[cl.Device] = []
     for platform in cl.get_platforms():
         try:
-            devices = platform.get_devices() if device_type is None else \
-                platform.get_devices(device_type=device_type)
+            devices = (
+                platform.get_devices()
+                if device_type is None
+                else platform.get_devices(device_type=device_type)
+            )
         except cl.Error as exc:
             found.append(f"platform {platform.name.strip()!r}: error {exc}")
             continue
         for device in devices:
             caps = capabilities(device)
-            found.append(f"{device_label(device)}: "
-                         f"{'SVM' if caps.svm else 'no SVM'}")
+            found.append(f"{device_label(device)}: {'SVM' if caps.svm else 'no SVM'}")
             if caps.svm:
                 (gpus if device.type & cl.device_type.GPU else others).append(device)
     return gpus + others, found

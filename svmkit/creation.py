@@ -38,8 +38,9 @@ def best_policy(ctx: cl.Context) -> Policy:
     return policy
 
 
-def resolve_resource(ctx: cl.Context, policy: Policy | None,
-                     resource: MemoryResource | None) -> MemoryResource:
+def resolve_resource(
+    ctx: cl.Context, policy: Policy | None, resource: MemoryResource | None
+) -> MemoryResource:
     """The resource an array constructor allocates from (API.md's ``empty`` rules)."""
     if resource is None:
         if policy is None:
@@ -53,20 +54,29 @@ def resolve_resource(ctx: cl.Context, policy: Policy | None,
         raise InvalidContextError("the resource serves another context than the one given")
     if policy is not None and policy != resource.policy:
         raise InvalidValueError(
-            f"policy {policy} differs from the resource's policy {resource.policy}")
+            f"policy {policy} differs from the resource's policy {resource.policy}"
+        )
     return resource
 
 
-def _new(resource: MemoryResource, shape: tuple[int, ...], dtype: np.dtype[Any],
-         alignment: int) -> SVMArray:
+def _new(
+    resource: MemoryResource, shape: tuple[int, ...], dtype: np.dtype[Any], alignment: int
+) -> SVMArray:
     nbytes = nbytes_of(shape, dtype)
     alloc = resource.allocate(nbytes, alignment)
     view = alloc.u8[:nbytes].view(dtype).reshape(shape)
     return SVMArray(alloc, view)
 
 
-def empty(ctx: cl.Context, shape: Any, dtype: Any = np.float64, *, policy: Policy | None = None,
-          alignment: int = 0, resource: MemoryResource | None = None) -> SVMArray:
+def empty(
+    ctx: cl.Context,
+    shape: Any,
+    dtype: Any = np.float64,
+    *,
+    policy: Policy | None = None,
+    alignment: int = 0,
+    resource: MemoryResource | None = None,
+) -> SVMArray:
     """A new uninitialised array in SVM.
 
     Parameters
@@ -104,9 +114,16 @@ def fill_with(a: SVMArray, value: Any) -> None:
         a.set(np.full(a.shape, item, a.dtype))
 
 
-def full(ctx: cl.Context, shape: Any, fill_value: Any, dtype: Any = None, *,
-         policy: Policy | None = None, alignment: int = 0,
-         resource: MemoryResource | None = None) -> SVMArray:
+def full(
+    ctx: cl.Context,
+    shape: Any,
+    fill_value: Any,
+    dtype: Any = None,
+    *,
+    policy: Policy | None = None,
+    alignment: int = 0,
+    resource: MemoryResource | None = None,
+) -> SVMArray:
     """A new array of ``shape`` filled with ``fill_value`` (dtype from it, as in NumPy)."""
     dt = np.asarray(fill_value).dtype if dtype is None else np.dtype(dtype)
     a = empty(ctx, shape, dt, policy=policy, alignment=alignment, resource=resource)
@@ -114,16 +131,28 @@ def full(ctx: cl.Context, shape: Any, fill_value: Any, dtype: Any = None, *,
     return a
 
 
-def zeros(ctx: cl.Context, shape: Any, dtype: Any = np.float64, *,
-          policy: Policy | None = None, alignment: int = 0,
-          resource: MemoryResource | None = None) -> SVMArray:
+def zeros(
+    ctx: cl.Context,
+    shape: Any,
+    dtype: Any = np.float64,
+    *,
+    policy: Policy | None = None,
+    alignment: int = 0,
+    resource: MemoryResource | None = None,
+) -> SVMArray:
     """A new array of zeros."""
     return full(ctx, shape, 0, dtype, policy=policy, alignment=alignment, resource=resource)
 
 
-def ones(ctx: cl.Context, shape: Any, dtype: Any = np.float64, *,
-         policy: Policy | None = None, alignment: int = 0,
-         resource: MemoryResource | None = None) -> SVMArray:
+def ones(
+    ctx: cl.Context,
+    shape: Any,
+    dtype: Any = np.float64,
+    *,
+    policy: Policy | None = None,
+    alignment: int = 0,
+    resource: MemoryResource | None = None,
+) -> SVMArray:
     """A new array of ones."""
     return full(ctx, shape, 1, dtype, policy=policy, alignment=alignment, resource=resource)
 
@@ -131,8 +160,12 @@ def ones(ctx: cl.Context, shape: Any, dtype: Any = np.float64, *,
 def empty_like(a: SVMArray, dtype: Any = None, shape: Any = None) -> SVMArray:
     """A new array like ``a``: same context, policy and resource; shape and dtype unless
     given."""
-    return empty(a.context, a.shape if shape is None else shape,
-                 a.dtype if dtype is None else dtype, resource=a.allocation.resource)
+    return empty(
+        a.context,
+        a.shape if shape is None else shape,
+        a.dtype if dtype is None else dtype,
+        resource=a.allocation.resource,
+    )
 
 
 def zeros_like(a: SVMArray, dtype: Any = None, shape: Any = None) -> SVMArray:
@@ -142,14 +175,23 @@ def zeros_like(a: SVMArray, dtype: Any = None, shape: Any = None) -> SVMArray:
     return out
 
 
-def asarray(ctx: cl.Context, obj: Any, *, dtype: Any = None, policy: Policy | None = None,
-            resource: MemoryResource | None = None) -> SVMArray:
+def asarray(
+    ctx: cl.Context,
+    obj: Any,
+    *,
+    dtype: Any = None,
+    policy: Policy | None = None,
+    resource: MemoryResource | None = None,
+) -> SVMArray:
     """``obj`` as an SVM array: returned as is when it already is one that matches,
     else copied into a new array."""
     if isinstance(obj, SVMArray):
-        matches = (obj.context == ctx and (dtype is None or np.dtype(dtype) == obj.dtype)
-                   and (policy is None or policy == obj.policy)
-                   and (resource is None or resource is obj.allocation.resource))
+        matches = (
+            obj.context == ctx
+            and (dtype is None or np.dtype(dtype) == obj.dtype)
+            and (policy is None or policy == obj.policy)
+            and (resource is None or resource is obj.allocation.resource)
+        )
         if matches:
             obj._live()
             return obj

@@ -56,10 +56,8 @@ class SVMError(Exception):
 
 
 def _rebuild(cls: type[SVMError], message: str, state: dict[str, Any]) -> SVMError:
-    err = cls.__new__(cls)
-    Exception.__init__(err, message)
-    err.__dict__.update(state)
-    return err
+    # Every attribute of an svmkit error is a keyword of its constructor.
+    return cls(message, **state)
 
 
 class InvalidValueError(SVMError, ValueError):
@@ -149,6 +147,7 @@ _CL_ERROR_NAMES: dict[int, str] = {
     -57: "CL_INVALID_EVENT_WAIT_LIST",
     -58: "CL_INVALID_EVENT",
     -59: "CL_INVALID_OPERATION",
+    -61: "CL_INVALID_BUFFER_SIZE",
     -14: "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
 }
 

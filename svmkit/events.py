@@ -97,10 +97,12 @@ def check_wait_for(context: cl.Context, wait_for: Iterable[cl.Event] | None) -> 
         if not isinstance(event, cl.Event):
             raise InvalidValueError(
                 f"wait_for must hold pyopencl.Event objects, got {type(event).__name__}",
-                cl_error="CL_INVALID_EVENT_WAIT_LIST")
+                cl_error="CL_INVALID_EVENT_WAIT_LIST",
+            )
         if event.context != context:
             raise InvalidContextError(
-                "an event in wait_for belongs to another context than the queue")
+                "an event in wait_for belongs to another context than the queue"
+            )
     return events
 
 
@@ -124,8 +126,9 @@ def shutting_down() -> bool:
     return _shutting_down
 
 
-def release_after(events: Sequence[cl.Event], release: Callable[[], Any], *,
-                  background: bool = False) -> None:
+def release_after(
+    events: Sequence[cl.Event], release: Callable[[], Any], *, background: bool = False
+) -> None:
     """Run ``release()`` once every event in ``events`` completed.
 
     With no pending event it runs now, on the caller's thread (unless ``background``);
@@ -157,8 +160,7 @@ def _reap() -> None:
             if events:
                 cl.wait_for_events(events)
         except cl.Error:
-            log.warning("an event svmkit waited on before releasing memory failed",
-                        exc_info=True)
+            log.warning("an event svmkit waited on before releasing memory failed", exc_info=True)
         with _releases_cond:
             _releases.popleft()
             if _shutting_down:

@@ -25,8 +25,9 @@ MEM_WRITE_ONLY = 1 << 1
 MEM_READ_ONLY = 1 << 2
 MEM_SVM_FINE_GRAIN_BUFFER = 1 << 10
 MEM_SVM_ATOMICS = 1 << 11
-_KNOWN_FLAGS = (MEM_READ_WRITE | MEM_WRITE_ONLY | MEM_READ_ONLY | MEM_SVM_FINE_GRAIN_BUFFER
-                | MEM_SVM_ATOMICS)
+_KNOWN_FLAGS = (
+    MEM_READ_WRITE | MEM_WRITE_ONLY | MEM_READ_ONLY | MEM_SVM_FINE_GRAIN_BUFFER | MEM_SVM_ATOMICS
+)
 
 
 class Granularity(enum.Enum):
@@ -68,14 +69,14 @@ class Policy:
 
     def __post_init__(self) -> None:
         if not isinstance(self.granularity, Granularity):
-            raise InvalidValueError(
-                f"granularity must be a Granularity, got {self.granularity!r}")
+            raise InvalidValueError(f"granularity must be a Granularity, got {self.granularity!r}")
         if not isinstance(self.access, Access):
             raise InvalidValueError(f"access must be an Access, got {self.access!r}")
         if self.atomics and self.granularity is Granularity.COARSE:
             raise InvalidValueError(
                 "atomics=True needs fine grain: the spec allows CL_MEM_SVM_ATOMICS only "
-                "together with CL_MEM_SVM_FINE_GRAIN_BUFFER")
+                "together with CL_MEM_SVM_FINE_GRAIN_BUFFER"
+            )
 
     @classmethod
     def coarse(cls, access: Access = Access.READ_WRITE) -> Policy:
@@ -93,26 +94,31 @@ class Policy:
         return cls(Granularity.SYSTEM, atomics, access)
 
     @classmethod
-    def best(cls, ctx: cl.Context, *, atomics: bool = False) -> Policy:
+    def best(cls, ctx: cl.Context | cl.Device | Capabilities, *, atomics: bool = False) -> Policy:
         """The finest granularity every device of ``ctx`` supports: SYSTEM, FINE, COARSE.
+
+        ``ctx`` may also be one device, or capabilities already queried.
 
         Raises
         ------
         UnsupportedError
             No granularity (with atomics, if asked) is supported by every device.
         """
-        caps = capabilities(ctx)
+        caps = ctx if isinstance(ctx, Capabilities) else capabilities(ctx)
         for granularity in _GRANULARITY_ORDER:
             if atomics and granularity is Granularity.COARSE:
                 continue
             candidate = cls(granularity, atomics)
             if not candidate.missing(caps):
                 return candidate
-        what = "SVM with atomics" if atomics else "SVM"
+        weakest = cls(Granularity.FINE if atomics else Granularity.COARSE, atomics)
         lacking = "; ".join(
-            f"{d.name} lacks {', '.join(cls(Granularity.FINE, atomics).missing(d))}"
-            for d in caps.devices if cls(Granularity.FINE, atomics).missing(d))
-        raise UnsupportedError(f"no device set in this context supports {what}: {lacking}")
+            f"device {d.name} lacks {', '.join(weakest.missing(d))}"
+            for d in caps.devices
+            if weakest.missing(d)
+        )
+        what = "SVM with atomics" if atomics else "SVM"
+        raise UnsupportedError(f"not every device supports {what}: {lacking}")
 
     @classmethod
     def from_flags(cls, flags: int) -> Policy:
@@ -130,19 +136,22 @@ class Policy:
             raise InvalidValueError(
                 f"flags={flags:#x} has bits {unknown:#x} that are not SVM memory flags "
                 "(the spec's SVM Memory Flags table lists READ_WRITE, WRITE_ONLY, READ_ONLY, "
-                "SVM_FINE_GRAIN_BUFFER and SVM_ATOMICS)")
+                "SVM_FINE_GRAIN_BUFFER and SVM_ATOMICS)"
+            )
         access_bits = [a for a in Access if flags & a.value]
         if len(access_bits) > 1:
             raise InvalidValueError(
                 f"flags={flags:#x} combines {' and '.join(a.name for a in access_bits)}; the "
-                "spec makes READ_WRITE, WRITE_ONLY and READ_ONLY mutually exclusive")
+                "spec makes READ_WRITE, WRITE_ONLY and READ_ONLY mutually exclusive"
+            )
         access = access_bits[0] if access_bits else Access.READ_WRITE
         fine = bool(flags & MEM_SVM_FINE_GRAIN_BUFFER)
         atomics = bool(flags & MEM_SVM_ATOMICS)
         if atomics and not fine:
             raise InvalidValueError(
                 f"flags={flags:#x} has SVM_ATOMICS without SVM_FINE_GRAIN_BUFFER; the spec "
-                "allows CL_MEM_SVM_ATOMICS only with CL_MEM_SVM_FINE_GRAIN_BUFFER")
+                "allows CL_MEM_SVM_ATOMICS only with CL_MEM_SVM_FINE_GRAIN_BUFFER"
+            )
         return cls(Granularity.FINE if fine else Granularity.COARSE, atomics, access)
 
     @property
@@ -183,11 +192,13 @@ class Policy:
         Spec: ``clSVMAlloc`` fails when "CL_MEM_SVM_FINE_GRAIN_BUFFER or CL_MEM_SVM_ATOMICS
         is specified in flags and these are not supported by at least one device in context".
         """
-        problems = [f"device {d.name} lacks {', '.join(self.missing(d))}"
-                    for d in capabilities(ctx).devices if self.missing(d)]
+        problems = [
+            f"device {d.name} lacks {', '.join(self.missing(d))}"
+            for d in capabilities(ctx).devices
+            if self.missing(d)
+        ]
         if problems:
-            raise UnsupportedError(f"{self} cannot be used in this context: "
-                                   + "; ".join(problems))
+            raise UnsupportedError(f"{self} cannot be used in this context: " + "; ".join(problems))
 
     def __str__(self) -> str:
         parts = [self.granularity.name]
@@ -210,11 +221,13 @@ def check_alignment(alignment: int, caps: Capabilities) -> int:
         return caps.max_alignment
     if alignment < 0 or alignment & (alignment - 1):
         raise InvalidValueError(
-            f"alignment={alignment} is not a power of two (clSVMAlloc requires one)")
+            f"alignment={alignment} is not a power of two (clSVMAlloc requires one)"
+        )
     if alignment > caps.max_alignment:
         raise InvalidValueError(
             f"alignment={alignment} exceeds the largest data type of {caps.name} "
-            f"({caps.max_alignment} bytes); clSVMAlloc supports alignments up to that size")
+            f"({caps.max_alignment} bytes); clSVMAlloc supports alignments up to that size"
+        )
     return alignment
 
 
@@ -230,4 +243,5 @@ def check_size(nbytes: int, caps: Capabilities) -> None:
         if nbytes > dev.max_alloc_bytes:
             raise InvalidValueError(
                 f"size {nbytes} bytes exceeds CL_DEVICE_MAX_MEM_ALLOC_SIZE of device "
-                f"{dev.name} ({dev.max_alloc_bytes} bytes)")
+                f"{dev.name} ({dev.max_alloc_bytes} bytes)"
+            )

@@ -54,8 +54,9 @@ def _cl_std(ctx: cl.Context) -> str | None:
     return f"-cl-std=CL{major}.{minor}"
 
 
-def build_options(ctx: cl.Context, options: Iterable[str] = (),
-                  defines: Mapping[str, Any] | None = None) -> list[str]:
+def build_options(
+    ctx: cl.Context, options: Iterable[str] = (), defines: Mapping[str, Any] | None = None
+) -> list[str]:
     """The options :func:`build_program` passes: include path, ``-cl-std``, defines."""
     opts = [f"-I{kernels_dir()}"]
     std = _cl_std(ctx)
@@ -68,8 +69,13 @@ def build_options(ctx: cl.Context, options: Iterable[str] = (),
     return opts
 
 
-def build_program(ctx: cl.Context, source: str, *, options: Iterable[str] = (),
-                  defines: Mapping[str, Any] | None = None) -> cl.Program:
+def build_program(
+    ctx: cl.Context,
+    source: str,
+    *,
+    options: Iterable[str] = (),
+    defines: Mapping[str, Any] | None = None,
+) -> cl.Program:
     """Build OpenCL C ``source`` for every device of ``ctx`` with svmkit's headers.
 
     Adds ``-I kernels_dir()``, the highest ``-cl-std`` every device supports and

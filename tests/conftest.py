@@ -12,13 +12,13 @@ import os
 # PoCL: two CPU devices, so multi-device contexts are testable (other drivers ignore this).
 os.environ.setdefault("POCL_DEVICES", "pthread pthread")
 
-from collections.abc import Iterator  # noqa: E402
+from collections.abc import Iterator
 
-import numpy as np  # noqa: E402
-import pyopencl as cl  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pyopencl as cl
+import pytest
 
-import svmkit as sk  # noqa: E402
+import svmkit as sk
 
 _NEEDS = {
     "coarse": lambda c: c.coarse_grain_buffer,
@@ -79,5 +79,3 @@ def two_device_ctx() -> cl.Context:
 def host_copy(a: sk.SVMArray) -> np.ndarray:
     """The array's contents read back through the device (a.get())."""
     return a.get()
-
-

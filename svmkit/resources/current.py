@@ -23,26 +23,29 @@ from svmkit.resources.svm import SVMResource
 __all__ = ["current_resource", "use_resource"]
 
 _selected: contextvars.ContextVar[tuple[MemoryResource, ...]] = contextvars.ContextVar(
-    "svmkit_resources", default=())
-_defaults: weakref.WeakKeyDictionary[cl.Context, dict[Policy, MemoryResource]] = \
+    "svmkit_resources", default=()
+)
+_defaults: weakref.WeakKeyDictionary[cl.Context, dict[Policy, MemoryResource]] = (
     weakref.WeakKeyDictionary()
+)
 _defaults_lock = threading.Lock()
 
 
 def current_resource(ctx: cl.Context, policy: Policy) -> MemoryResource:
     """The resource that serves ``ctx`` and ``policy`` here: the innermost selected by
     :func:`use_resource`, else the shared default (a raw :class:`SVMResource`)."""
-    for resource in reversed(_selected.get()):
-        if resource.serves(ctx, policy):
-            return resource
+    for selected in reversed(_selected.get()):
+        if selected.serves(ctx, policy):
+            return selected
     per_context = _defaults.get(ctx)
-    resource = per_context.get(policy) if per_context is not None else None
-    if resource is None:
-        with _defaults_lock:
-            per_context = _defaults.setdefault(ctx, {})
-            resource = per_context.get(policy)
-            if resource is None:
-                resource = per_context[policy] = SVMResource(ctx, policy)
+    cached = per_context.get(policy) if per_context is not None else None
+    if cached is not None:
+        return cached
+    with _defaults_lock:
+        per_context = _defaults.setdefault(ctx, {})
+        resource = per_context.get(policy)
+        if resource is None:
+            resource = per_context[policy] = SVMResource(ctx, policy)
     return resource
 
 

@@ -15,7 +15,7 @@ from svmkit.capabilities import capabilities, check_context_layout
 from svmkit.errors import OutOfMemoryError
 from svmkit.events import release_after
 from svmkit.policy import Granularity, Policy, check_alignment, check_size
-from svmkit.resources.base import Allocation, MemoryResource, host_bytes
+from svmkit.resources.base import Allocation, MemoryResource
 
 __all__ = ["SVMResource"]
 
@@ -23,8 +23,7 @@ log = logging.getLogger(__name__)
 
 # Some drivers (NVIDIA's OpenCL) return NULL from clSVMAlloc when another thread allocates
 # or frees SVM at the same time: driver allocation and freeing are serialised per context.
-_context_locks: weakref.WeakKeyDictionary[cl.Context, threading.Lock] = \
-    weakref.WeakKeyDictionary()
+_context_locks: weakref.WeakKeyDictionary[cl.Context, threading.Lock] = weakref.WeakKeyDictionary()
 _context_locks_guard = threading.Lock()
 
 
@@ -86,26 +85,28 @@ class SVMResource(MemoryResource):
             raise OutOfMemoryError(
                 f"clSVMAlloc returned NULL for {nbytes} bytes ({self.policy}, alignment "
                 f"{alignment}) on {self.capabilities.name}",
-                nbytes=nbytes, cl_error="CL_MEM_OBJECT_ALLOCATION_FAILURE")
+                nbytes=nbytes,
+                cl_error="CL_MEM_OBJECT_ALLOCATION_FAILURE",
+            )
         return Allocation(self, ptr, nbytes)
 
     def _allocate_system(self, nbytes: int, alignment: int) -> Allocation:
         try:
             raw = np.empty(nbytes + alignment, np.uint8)
         except MemoryError as exc:
-            raise OutOfMemoryError(f"host allocation of {nbytes} bytes failed",
-                                   nbytes=nbytes) from exc
+            raise OutOfMemoryError(
+                f"host allocation of {nbytes} bytes failed", nbytes=nbytes
+            ) from exc
         start = (-raw.ctypes.data) % alignment
-        u8 = raw[start:start + nbytes]
+        u8 = raw[start : start + nbytes]
         return Allocation(self, int(u8.ctypes.data), nbytes, u8=u8, block=raw)
 
     def deallocate(self, allocation: Allocation) -> None:
         """``clSVMFree`` once the allocation's recorded events completed (never blocks)."""
         if allocation.block is not None:  # SYSTEM: host memory, dropped with the record
-            release_after(allocation.events.take(), _drop(allocation))
+            release_after(allocation.take_events(), _drop(allocation))
             return
-        release_after(allocation.events.take(), _SVMFree(self.context, self._lock,
-                                                         allocation.ptr))
+        release_after(allocation.take_events(), _SVMFree(self.context, self._lock, allocation.ptr))
 
 
 class _SVMFree:

@@ -1,0 +1,141 @@
+"""Capabilities: real device queries, the context-wide AND/min, and layout refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import pyopencl as cl
+import pytest
+
+import svmkit as sk
+
+# svmkit.capabilities is also the name of the function svmkit re-exports.
+capmod = sys.modules["svmkit.capabilities"]
+
+
+def test_device_capabilities_match_the_driver(ctx):
+    device = ctx.devices[0]
+    caps = sk.capabilities(device)
+    bits = device.svm_capabilities
+    assert caps.coarse_grain_buffer == bool(bits & cl.device_svm_capabilities.COARSE_GRAIN_BUFFER)
+    assert caps.fine_grain_buffer == bool(bits & cl.device_svm_capabilities.FINE_GRAIN_BUFFER)
+    assert caps.fine_grain_system == bool(bits & cl.device_svm_capabilities.FINE_GRAIN_SYSTEM)
+    assert caps.atomics == bool(bits & cl.device_svm_capabilities.ATOMICS)
+    assert caps.max_alloc_bytes == device.max_mem_alloc_size
+    assert caps.address_bits == device.address_bits
+    assert caps.little_endian == bool(device.endian_little)
+    assert caps.devices == (caps,)
+
+
+def test_atomic_scope_follows_the_opencl_c_feature(ctx):
+    device = ctx.devices[0]
+    names = {f.name for f in device.opencl_c_features}
+    assert sk.capabilities(device).atomic_scope_all_devices == (
+        "__opencl_c_atomic_scope_all_devices" in names
+    )
+
+
+def test_max_alignment_is_long16_with_64_bit_integers(ctx):
+    # Full profile devices always have 64-bit integers: the largest type is long16.
+    if ctx.devices[0].profile.strip() == "FULL_PROFILE":
+        assert sk.capabilities(ctx).max_alignment == 128
+    else:
+        assert sk.capabilities(ctx).max_alignment in (64, 128)
+
+
+def test_context_capabilities_of_one_device_are_the_device_s(ctx):
+    assert sk.capabilities(ctx) == sk.capabilities(ctx.devices[0])
+
+
+def test_two_device_context_ands_and_mins(two_device_ctx):
+    caps = sk.capabilities(two_device_ctx)
+    assert len(caps.devices) == 2
+    assert caps.fine_grain_buffer == all(d.fine_grain_buffer for d in caps.devices)
+    assert caps.max_alloc_bytes == min(d.max_alloc_bytes for d in caps.devices)
+
+
+def _fake(base: sk.Capabilities, **changes: object) -> sk.Capabilities:
+    fake = dataclasses.replace(base, **changes)
+    object.__setattr__(fake, "devices", (fake,))
+    return fake
+
+
+def test_combine_takes_and_of_booleans_and_min_of_limits(caps):
+    # PoCL's devices are identical, so devices that differ are faked (capabilities only).
+    strong = _fake(
+        caps,
+        fine_grain_buffer=True,
+        atomics=True,
+        max_alloc_bytes=1 << 30,
+        max_alignment=128,
+        name="strong",
+    )
+    weak = _fake(
+        caps,
+        fine_grain_buffer=False,
+        atomics=False,
+        max_alloc_bytes=1 << 20,
+        max_alignment=64,
+        name="weak",
+    )
+    combined = capmod.combine((strong, weak))
+    assert combined.fine_grain_buffer is False and combined.atomics is False
+    assert combined.coarse_grain_buffer is caps.coarse_grain_buffer
+    assert combined.max_alloc_bytes == 1 << 20
+    assert combined.max_alignment == 64
+    assert combined.devices == (strong, weak)
+    assert sk.Policy.best(combined) == sk.Policy.coarse()
+    with pytest.raises(sk.UnsupportedError, match="weak") as info:
+        sk.Policy.best(combined, atomics=True)
+    assert info.value.cl_error is None
+
+
+def test_policy_check_names_the_device_that_lacks_a_capability(caps, monkeypatch, ctx):
+    weak = _fake(caps, fine_grain_buffer=False, atomics=False, name="'weak dev'")
+    both = capmod.combine((caps, weak))
+    monkeypatch.setattr(sys.modules["svmkit.policy"], "capabilities", lambda _ctx: both)
+    with pytest.raises(sk.UnsupportedError, match="'weak dev' lacks fine-grain buffer SVM"):
+        sk.Policy.fine().check(ctx)
+    sk.Policy.coarse().check(ctx)  # coarse is still fine everywhere
+
+
+def test_context_with_a_different_address_space_is_refused(caps, monkeypatch, ctx):
+    odd = _fake(caps, address_bits=32 if sys.maxsize > 2**32 else 64)
+    monkeypatch.setattr(capmod, "capabilities", lambda _ctx: odd)
+    with pytest.raises(sk.UnsupportedError, match="address space"):
+        capmod.check_context_layout(ctx)
+    with pytest.raises(sk.UnsupportedError, match="address space"):
+        sk.SVMResource(ctx)
+
+
+def test_context_with_other_endianness_is_refused(caps, monkeypatch, ctx):
+    odd = _fake(caps, little_endian=not caps.little_endian)
+    monkeypatch.setattr(capmod, "capabilities", lambda _ctx: odd)
+    with pytest.raises(sk.UnsupportedError, match="endian"):
+        capmod.check_context_layout(ctx)
+
+
+def test_create_context_picks_an_svm_device():
+    ctx = sk.create_context()
+    assert len(ctx.devices) == 1
+    assert sk.capabilities(ctx).coarse_grain_buffer
+
+
+def test_create_context_honours_pyopencl_ctx(monkeypatch):
+    monkeypatch.setenv("PYOPENCL_CTX", "0:1")
+    ctx = sk.create_context()
+    assert ctx.devices[0] == cl.get_platforms()[0].get_devices()[1]
+
+
+def test_create_context_without_svm_devices_lists_what_was_found(monkeypatch):
+    monkeypatch.delenv("PYOPENCL_CTX", raising=False)
+    real = capmod.capabilities
+
+    def no_svm(device):
+        return _fake(real(device), coarse_grain_buffer=False, fine_grain_buffer=False)
+
+    monkeypatch.setattr(capmod, "capabilities", no_svm)
+    with pytest.raises(sk.UnsupportedError, match="no OpenCL device with SVM") as info:
+        sk.create_context()
+    assert "no SVM" in str(info.value)
