@@ -1,0 +1,40 @@
+"""The README's code blocks run as written, and its two commands are what CI uses."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _blocks(kind: str) -> list[str]:
+    return re.findall(rf"```{kind}\n(.*?)```", README.read_text(), flags=re.S)
+
+
+@pytest.mark.skipif(not README.is_file(), reason="README.md is not beside the tests")
+def test_readme_python_blocks_run_in_order():
+    namespace: dict[str, object] = {"__name__": "readme"}
+    out = io.StringIO()
+    blocks = _blocks("python")
+    assert len(blocks) >= 3
+    with contextlib.redirect_stdout(out):
+        for block in blocks:
+            exec(compile(block, str(README), "exec"), namespace)
+    printed = out.getvalue()
+    assert "[ 0.  1.  4.  9. 16. 25. 36. 49.]" in printed
+    assert "refused: MapStateError" in printed
+    assert "CL_INVALID_VALUE" in printed
+
+
+@pytest.mark.skipif(not README.is_file(), reason="README.md is not beside the tests")
+def test_readme_has_exactly_the_two_marked_commands():
+    text = README.read_text()
+    for marker in ("<!-- main-command -->", "<!-- test-command -->"):
+        assert text.count(marker) == 1
+        after = text.split(marker, 1)[1].lstrip()
+        assert after.startswith("```bash\npython3 -m venv .venv && . .venv/bin/activate")
