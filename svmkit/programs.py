@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable, Mapping
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +21,10 @@ def kernels_dir() -> Path:
     From an installed package this is ``svmkit/kernels`` inside site-packages; from a
     source checkout that was not installed, the checkout's top-level ``kernels/``.
     """
-    try:
-        packaged = Path(str(resources.files("svmkit.kernels")))
-        if (packaged / "svmkit_atomics.h").is_file():
-            return packaged
-    except ModuleNotFoundError:
-        pass
-    source = Path(__file__).resolve().parent.parent / "kernels"
-    if (source / "svmkit_atomics.h").is_file():
-        return source
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "kernels", here.parent / "kernels"):
+        if (candidate / "svmkit_atomics.h").is_file():
+            return candidate
     raise FileNotFoundError("svmkit's OpenCL C kernels were not found next to the package")
 
 
