@@ -8,6 +8,7 @@ context and one :class:`~svmkit.policy.Policy`.
 from __future__ import annotations
 
 import ctypes
+import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from svmkit.policy import Policy
 
 __all__ = ["Allocation", "MemoryResource", "host_bytes"]
+
+_events_lock = threading.Lock()
 
 
 def host_bytes(ptr: int, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
@@ -39,12 +42,32 @@ class Allocation:
     An allocation is freed once, by :meth:`free` or when the last reference goes.
     """
 
-    __slots__ = ("block", "context", "events", "freed", "map_state", "nbytes", "policy", "ptr",
-                 "resource", "u8", "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "_events",
+        "block",
+        "context",
+        "freed",
+        "map_state",
+        "memo",
+        "nbytes",
+        "policy",
+        "ptr",
+        "resource",
+        "u8",
+    )
 
-    def __init__(self, resource: MemoryResource, ptr: int, nbytes: int,
-                 u8: np.ndarray[Any, np.dtype[np.uint8]] | None = None,
-                 block: Any = None) -> None:
+    memo: dict[Any, Any] | None
+    """Per-block cache that outlives the allocation (a pool block's typed views), or None."""
+
+    def __init__(
+        self,
+        resource: MemoryResource,
+        ptr: int,
+        nbytes: int,
+        u8: np.ndarray[Any, np.dtype[np.uint8]] | None = None,
+        block: Any = None,
+    ) -> None:
         self.resource = resource
         self.context = resource.context
         self.policy = resource.policy
@@ -52,9 +75,55 @@ class Allocation:
         self.nbytes = nbytes
         self.block = block
         self.u8 = host_bytes(ptr, nbytes) if u8 is None else u8
-        self.events = EventRecord()
+        self._events: EventRecord | None = None
         self.map_state: MapState | None = None
         self.freed = False
+        self.memo = None
+
+    @classmethod
+    def _reuse(
+        cls,
+        resource: MemoryResource,
+        ptr: int,
+        nbytes: int,
+        u8: np.ndarray[Any, np.dtype[np.uint8]],
+        block: Any,
+        memo: dict[Any, Any] | None,
+    ) -> Allocation:
+        """A fresh record for memory a resource hands out again (a pool's hot path).
+
+        Each hand-out gets a NEW record, so arrays of an earlier user of the same memory
+        see ``freed`` and raise :class:`~svmkit.UseAfterFreeError`.
+        """
+        self = cls.__new__(cls)
+        self.resource = resource
+        self.context = resource.context
+        self.policy = resource.policy
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.block = block
+        self.u8 = u8
+        self._events = None
+        self.map_state = None
+        self.freed = False
+        self.memo = memo
+        return self
+
+    @property
+    def events(self) -> EventRecord:
+        """Commands recorded on this allocation (created on first use)."""
+        record = self._events
+        if record is None:
+            with _events_lock:  # two threads recording first must share one record
+                record = self._events
+                if record is None:
+                    record = self._events = EventRecord()
+        return record
+
+    def take_events(self) -> list[Any]:
+        """The recorded events not yet complete, leaving none recorded (for deallocation)."""
+        record = self._events
+        return record.take() if record else []
 
     def free(self) -> None:
         """Give the memory back to its resource after recorded commands finish; idempotent."""
