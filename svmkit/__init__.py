@@ -19,6 +19,8 @@ from svmkit.errors import (
     UnsupportedError,
     UseAfterFreeError,
 )
+from svmkit.mapping import mapped
+from svmkit.ops import copy, fill, launch, migrate
 from svmkit.policy import Access, Granularity, Policy
 from svmkit.programs import build_program, kernels_dir
 from svmkit.resources import (
@@ -53,12 +55,17 @@ __all__ = [
     "asarray",
     "build_program",
     "capabilities",
+    "copy",
     "create_context",
     "current_resource",
     "empty",
     "empty_like",
+    "fill",
     "full",
     "kernels_dir",
+    "launch",
+    "mapped",
+    "migrate",
     "ones",
     "use_resource",
     "zeros",

@@ -3,17 +3,30 @@
 Spec (clEnqueueSVMMap): while a coarse-grain SVM region is mapped for writing, commands
 that read or write it give undefined results; while it is mapped for reading, commands
 may read it but not write it.  svmkit keeps one :class:`MapState` per allocation so that
-every command can ask, in O(open maps), whether it may touch a byte range.
+every command can ask, in O(1), whether it may touch a byte range.
+
+Two layers are kept apart:
+
+* the *open maps*: one :class:`OpenMap` per ``svmkit.mapped`` block (they nest and
+  overlap); ``SVMArray.host`` is allowed while they cover every byte of the array;
+* the *driver map*: the one ``clEnqueueSVMMap`` region open in the driver, the union of
+  the open maps (NVIDIA's OpenCL fails the second of two unmaps in one allocation, so
+  svmkit never holds two).  Commands are checked against it, since that is what the
+  driver has mapped.
+
+This module is bookkeeping only; :mod:`svmkit.mapping` issues the driver calls.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from svmkit.errors import MapStateError
 
-__all__ = ["MapState", "OpenMap"]
+__all__ = ["DriverMap", "MapState", "OpenMap"]
 
 
 @dataclass(eq=False)
@@ -25,15 +38,37 @@ class OpenMap:
     writes: bool
 
 
-class MapState:
-    """Open maps of an allocation (offsets relative to its start)."""
+@dataclass(eq=False)
+class DriverMap:
+    """The region ``[start, stop)`` mapped in the driver, its pointer object and queue."""
 
-    __slots__ = ("lock", "maps")
+    start: int
+    stop: int
+    writes: bool
+    svm: Any
+    queue: Any
+
+
+class MapState:
+    """Open maps of an allocation (offsets relative to its start).
+
+    ``lock`` serialises opening and closing maps (with their driver calls) per allocation.
+    ``start``/``stop``/``writes`` mirror the driver map for the O(1) command check
+    (``stop == 0`` when nothing is mapped).
+    """
+
+    __slots__ = ("deferred_free", "driver", "lock", "maps", "start", "stop", "writes")
 
     def __init__(self) -> None:
         self.maps: list[OpenMap] = []
         self.lock = threading.RLock()
+        self.driver: DriverMap | None = None
+        self.start = 0
+        self.stop = 0
+        self.writes = False
+        self.deferred_free: Callable[[], None] | None = None
 
+    # -- open maps -----------------------------------------------------------------------
     def open(self, start: int, stop: int, writes: bool) -> OpenMap:
         """Register a map of ``[start, stop)``."""
         entry = OpenMap(start, stop, writes)
@@ -51,7 +86,9 @@ class MapState:
         if start >= stop:
             return True
         with self.lock:
-            spans = sorted((m.start, m.stop) for m in self.maps if m.stop > start and m.start < stop)
+            spans = sorted(
+                (m.start, m.stop) for m in self.maps if m.stop > start and m.start < stop
+            )
         reach = start
         for lo, hi in spans:
             if lo > reach:
@@ -68,17 +105,38 @@ class MapState:
                 return None
             return min(m.start for m in self.maps), max(m.stop for m in self.maps)
 
+    # -- driver map ----------------------------------------------------------------------
+    def set_driver(self, driver: DriverMap | None) -> None:
+        """Record the region now mapped in the driver (``None``: nothing is)."""
+        self.driver = driver
+        if driver is None:
+            self.start = self.stop = 0
+            self.writes = False
+        else:
+            self.start, self.stop, self.writes = driver.start, driver.stop, driver.writes
+
+    def defer_free(self, release: Callable[[], None]) -> bool:
+        """Hold ``release`` until the driver map closes; False when nothing is mapped.
+
+        Freeing memory the driver still has mapped would make the final
+        ``clEnqueueSVMUnmap`` touch freed memory.
+        """
+        with self.lock:
+            if self.driver is None:
+                return False
+            self.deferred_free = release
+            return True
+
     def check_command(self, start: int, stop: int, writes: bool, what: str) -> None:
         """Raise :class:`MapStateError` if a command may not touch ``[start, stop)`` now.
 
         Mapped for writing: no command may read or write those bytes.  Mapped only for
-        reading: no command may write them.
+        reading: no command may write them (spec, clEnqueueSVMMap).
         """
-        with self.lock:
-            for m in self.maps:
-                if m.stop > start and m.start < stop and (m.writes or writes):
-                    mode = "writing" if m.writes else "reading"
-                    raise MapStateError(
-                        f"{what} touches bytes [{start}, {stop}) of a coarse-grain allocation "
-                        f"while bytes [{m.start}, {m.stop}) are mapped on the host for {mode}; "
-                        "the spec leaves such commands undefined: leave the `mapped` block first")
+        if self.stop > start and self.start < stop and (self.writes or writes):
+            mode = "writing" if self.writes else "reading"
+            raise MapStateError(
+                f"{what} touches bytes [{start}, {stop}) of a coarse-grain allocation while "
+                f"bytes [{self.start}, {self.stop}) are mapped on the host for {mode}; the "
+                "spec leaves such commands undefined: leave the `mapped` block first"
+            )

@@ -131,7 +131,13 @@ class Allocation:
             return
         self.freed = True
         if self.nbytes:
+            state = self.map_state  # freed inside `mapped`: deallocate after the unmap
+            if state is not None and state.defer_free(self._deallocate):
+                return
             self.resource.deallocate(self)
+
+    def _deallocate(self) -> None:
+        self.resource.deallocate(self)
 
     def __del__(self) -> None:
         try:

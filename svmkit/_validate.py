@@ -1,0 +1,229 @@
+"""The spec's argument rules for SVM commands, one small function each.
+
+Every ``clEnqueueSVM*`` call svmkit makes is checked here first (DESIGN: validate once,
+in one place): a bad call never reaches the driver, which may crash, return NULL or give
+another error code.  Each function names the spec rule it enforces and raises the svmkit
+error whose ``cl_error`` is the code the spec gives.  All checks are O(1) attribute and
+dictionary work (``check_wait_for`` is O(len(wait_for))).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyopencl as cl
+
+from svmkit._queues import default_queue
+from svmkit.errors import (
+    CopyOverlapError,
+    InvalidContextError,
+    InvalidValueError,
+    UseAfterFreeError,
+)
+
+if TYPE_CHECKING:
+    from svmkit.array import SVMArray
+    from svmkit.resources.base import Allocation
+
+__all__ = [
+    "MAP_FLAGS",
+    "PATTERN_SIZES",
+    "check_command",
+    "check_contiguous",
+    "check_fill_target",
+    "check_kernel_context",
+    "check_live",
+    "check_map_mode",
+    "check_migrate_to",
+    "check_no_overlap",
+    "check_pattern",
+    "check_queue",
+    "check_same_context",
+    "check_same_nbytes",
+    "span",
+]
+
+PATTERN_SIZES = frozenset({1, 2, 4, 8, 16, 32, 64, 128})
+"""clEnqueueSVMMemFill: ``pattern_size`` must be one of these."""
+
+MAP_FLAGS: dict[str, int] = {
+    "r": int(cl.map_flags.READ),
+    "w": int(cl.map_flags.WRITE),
+    "rw": int(cl.map_flags.READ | cl.map_flags.WRITE),
+    "w_invalidate": int(cl.map_flags.WRITE_INVALIDATE_REGION),
+}
+"""``mapped`` modes and their ``cl_map_flags`` (spec: Memory Map Flags table)."""
+
+_MIGRATE_TO = {"device": 0, "host": int(cl.mem_migration_flags.HOST)}
+
+
+def check_queue(queue: Any, context: cl.Context) -> cl.CommandQueue:
+    """The queue to use for a command on memory of ``context``.
+
+    ``None`` means svmkit's default queue of the context.  Spec (every
+    ``clEnqueueSVM*``): ``CL_INVALID_COMMAND_QUEUE`` for a queue that is not a valid host
+    command-queue; memory from ``clSVMAlloc`` must come from the queue's context
+    (``CL_INVALID_CONTEXT``).
+    """
+    if queue is None:
+        return default_queue(context)
+    if not isinstance(queue, cl.CommandQueue):
+        raise InvalidValueError(
+            f"queue must be a pyopencl.CommandQueue, got {type(queue).__name__}",
+            cl_error="CL_INVALID_COMMAND_QUEUE",
+        )
+    if queue.context != context:
+        raise InvalidContextError(
+            "the queue belongs to another context than the array it would use; SVM from "
+            "clSVMAlloc must be used with queues of the context it was allocated in"
+        )
+    return queue
+
+
+def check_live(a: SVMArray) -> Allocation:
+    """The allocation of ``a``; :class:`UseAfterFreeError` once freed (spec, clSVMFree:
+    using memory after it was freed is undefined)."""
+    alloc = a._alloc
+    if alloc.freed:
+        raise UseAfterFreeError(
+            f"this {a._describe()} was freed (free(), enqueue_free() or the end of a `with` "
+            "block); its memory may already belong to another array"
+        )
+    return alloc
+
+
+def check_same_context(alloc: Allocation, context: cl.Context, name: str) -> None:
+    """Memory from ``clSVMAlloc`` must belong to the queue's context (``CL_INVALID_CONTEXT``)."""
+    if alloc.context is not context and alloc.context != context:
+        raise InvalidContextError(
+            f"{name} belongs to another context than the queue (spec: SVM allocated with "
+            "clSVMAlloc must come from the context of the command-queue)"
+        )
+
+
+def check_kernel_context(kernel: cl.Kernel, context: cl.Context) -> None:
+    """The kernel's and the queue's contexts must match (``CL_INVALID_CONTEXT``)."""
+    if kernel.context != context:
+        raise InvalidContextError("the kernel belongs to another context than the queue")
+
+
+def span(a: SVMArray) -> tuple[int, int]:
+    """``(start, stop)`` offsets into the allocation of the bytes ``a`` touches (O(1) for
+    contiguous arrays)."""
+    view = a._view
+    flags = view.flags
+    if flags.c_contiguous or flags.f_contiguous:
+        return a._offset, a._offset + view.nbytes
+    return a.byte_range()
+
+
+def check_command(a: SVMArray, alloc: Allocation, writes: bool, what: str) -> None:
+    """Map-state rule for a command on ``a`` (spec, clEnqueueSVMMap: a region mapped for
+    writing may not be used by commands; one mapped for reading may not be written)."""
+    state = alloc.map_state
+    if state is not None and state.stop:
+        lo, hi = span(a)
+        state.check_command(lo, hi, writes, what)
+
+
+def check_contiguous(a: Any, name: str) -> None:
+    """SVM commands take one pointer and a size: the bytes must form one run."""
+    view = a._view if hasattr(a, "_view") else a
+    flags = view.flags
+    if not (flags.c_contiguous or flags.f_contiguous):
+        raise InvalidValueError(
+            f"{name} must be contiguous (a pointer and a byte count describe the region of "
+            f"an SVM command); got strides {view.strides} for shape {view.shape}"
+        )
+
+
+def check_pattern(value: Any, dtype: np.dtype[Any], max_pattern: int) -> np.ndarray[Any, Any]:
+    """The fill pattern for ``value``: a scalar cast to ``dtype`` or a 1-D array's bytes.
+
+    Spec (clEnqueueSVMMemFill): ``CL_INVALID_VALUE`` if ``pattern_size`` is not one of
+    {1, 2, 4, 8, 16, 32, 64, 128}, or larger than the device's largest vector type.
+    """
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        pattern = np.ascontiguousarray(value)
+    elif (isinstance(value, np.ndarray) and value.ndim == 0) or np.isscalar(value):
+        try:
+            pattern = np.asarray(value, dtype=dtype).reshape(1)
+        except (OverflowError, ValueError, TypeError) as exc:
+            raise InvalidValueError(
+                f"fill value {value!r} cannot be cast to the array's dtype {dtype}"
+            ) from exc
+    else:
+        raise InvalidValueError(
+            "fill value must be a scalar (Python number, NumPy scalar, 0-d array) or a 1-D "
+            f"pattern array, got {type(value).__name__} "
+            f"of shape {getattr(value, 'shape', None)}"
+        )
+    size = pattern.nbytes
+    if size not in PATTERN_SIZES:
+        raise InvalidValueError(
+            f"fill pattern is {size} bytes; clEnqueueSVMMemFill needs a pattern size of 1, 2, "
+            "4, 8, 16, 32, 64 or 128 bytes"
+        )
+    if size > max_pattern:
+        raise InvalidValueError(
+            f"fill pattern is {size} bytes, larger than the device's largest vector type "
+            f"({max_pattern} bytes), the spec's maximum pattern_size"
+        )
+    return pattern
+
+
+def check_fill_target(ptr: int, nbytes: int, pattern_size: int) -> None:
+    """Spec (clEnqueueSVMMemFill): ``svm_ptr`` aligned to ``pattern_size`` and ``size`` a
+    multiple of it, else ``CL_INVALID_VALUE``."""
+    if ptr % pattern_size:
+        raise InvalidValueError(
+            f"fill destination at {ptr:#x} is not aligned to the {pattern_size}-byte pattern "
+            "(clEnqueueSVMMemFill needs svm_ptr aligned to pattern_size)"
+        )
+    if nbytes % pattern_size:
+        raise InvalidValueError(
+            f"fill destination of {nbytes} bytes is not a multiple of the {pattern_size}-byte "
+            "pattern (clEnqueueSVMMemFill needs size to be a multiple of pattern_size)"
+        )
+
+
+def check_same_nbytes(dst_nbytes: int, src_nbytes: int) -> None:
+    """One ``size`` describes both sides of ``clEnqueueSVMMemcpy``: they must be equal."""
+    if dst_nbytes != src_nbytes:
+        raise InvalidValueError(
+            f"copy needs equal sizes: dst has {dst_nbytes} bytes, src has {src_nbytes}"
+        )
+
+
+def check_no_overlap(dst_ptr: int, src_ptr: int, nbytes: int) -> None:
+    """Spec (clEnqueueSVMMemcpy): ``CL_MEM_COPY_OVERLAP`` if ``dst_ptr``, ``src_ptr`` and
+    ``size`` give an overlapping copy."""
+    if dst_ptr < src_ptr + nbytes and src_ptr < dst_ptr + nbytes:
+        raise CopyOverlapError(
+            f"copy of {nbytes} bytes from {src_ptr:#x} to {dst_ptr:#x}: source and "
+            "destination overlap (clEnqueueSVMMemcpy forbids overlapping copies)"
+        )
+
+
+def check_migrate_to(to: Any, content_undefined: bool) -> int:
+    """``cl_mem_migration_flags`` for ``to`` (``"device"`` or ``"host"``), else
+    ``InvalidValueError`` (spec: Memory Migration Flags)."""
+    try:
+        flags = _MIGRATE_TO[to]
+    except (KeyError, TypeError):
+        raise InvalidValueError(f'to must be "device" or "host", got {to!r}') from None
+    if content_undefined:
+        flags |= int(cl.mem_migration_flags.CONTENT_UNDEFINED)
+    return flags
+
+
+def check_map_mode(mode: Any) -> int:
+    """``cl_map_flags`` for a ``mapped`` mode (spec, clEnqueueSVMMap: ``CL_INVALID_VALUE``
+    if the values in ``map_flags`` are not valid)."""
+    try:
+        return MAP_FLAGS[mode]
+    except (KeyError, TypeError):
+        raise InvalidValueError(
+            f'mode must be "r", "w", "rw" or "w_invalidate", got {mode!r}'
+        ) from None

@@ -1,0 +1,208 @@
+"""``mapped()``: host access to SVM as a ``with`` block, and the driver map it keeps.
+
+Spec (clEnqueueSVMMap/clEnqueueSVMUnmap): the host may touch coarse-grain SVM only
+between a map and its unmap; both are synchronisation points for the region.  Fine-grain
+buffer and system SVM need no map, but the host must still order itself after commands
+that use the memory.
+
+One driver map per allocation: NVIDIA's OpenCL fails the second ``clEnqueueSVMUnmap`` when
+two maps of one allocation are open at once, so nested and overlapping ``mapped`` blocks
+share a single driver map of the union of their ranges.  A block that needs bytes (or
+write access) outside the current driver map unmaps it and maps the new union; the last
+block to leave unmaps.  Unmapping happens in ``__exit__``, never in ``__del__``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+from pyopencl import _cl
+
+from svmkit._mapstate import DriverMap, MapState, OpenMap
+from svmkit._validate import MAP_FLAGS, check_live, check_map_mode, check_queue, span
+from svmkit.array import SVMArray
+from svmkit.errors import InvalidValueError, translate
+from svmkit.events import check_wait_for, wait_pending
+from svmkit.resources.base import Allocation
+
+__all__ = ["Mapping", "mapped"]
+
+_READ = MAP_FLAGS["r"]
+_READ_WRITE = MAP_FLAGS["rw"]
+_state_lock = threading.Lock()
+
+
+def map_state_of(alloc: Allocation) -> MapState:
+    """The allocation's :class:`MapState`, created on first use."""
+    state = alloc.map_state
+    if state is None:
+        with _state_lock:
+            state = alloc.map_state
+            if state is None:
+                state = alloc.map_state = MapState()
+    return state
+
+
+def mapped(
+    queue: cl.CommandQueue | None,
+    a: SVMArray,
+    mode: str = "rw",
+    *,
+    wait_for: Sequence[cl.Event] | None = None,
+) -> Mapping:
+    """Map ``a`` for host access in a ``with`` block; yields a NumPy view of its memory.
+
+    Parameters
+    ----------
+    queue:
+        Queue for the map and unmap commands (``None``: svmkit's default queue).
+    a:
+        The array or view to map.
+    mode:
+        ``"r"`` (the view yielded is read-only), ``"w"``, ``"rw"`` or ``"w_invalidate"``
+        (``CL_MAP_WRITE_INVALIDATE_REGION``: the contents on entry are undefined).
+    wait_for:
+        Events to complete before the host may touch the memory.
+
+    Raises
+    ------
+    InvalidValueError
+        Unknown ``mode`` (spec: ``CL_INVALID_VALUE`` for invalid ``map_flags``), ``a`` not
+        an SVMArray.
+    InvalidContextError
+        ``queue`` or an event of ``wait_for`` from another context than ``a``.
+    UseAfterFreeError
+        ``a`` was freed.
+
+    Notes
+    -----
+    COARSE: a blocking ``clEnqueueSVMMap`` on entry, after ``wait_for`` and every command
+    svmkit recorded on the array; ``clEnqueueSVMUnmap`` on exit (also when the block
+    raises), waited for, so the host's writes are visible to later commands.  While open,
+    ``a.host`` works and svmkit commands that would touch the mapped bytes raise
+    :class:`~svmkit.MapStateError`.  FINE/SYSTEM: enqueues nothing, only waits.
+    """
+    if not isinstance(a, SVMArray):
+        raise InvalidValueError(f"mapped() maps an SVMArray, got {type(a).__name__}")
+    flags = check_map_mode(mode)
+    alloc = check_live(a)
+    queue = check_queue(queue, alloc.context)
+    return Mapping(queue, a, flags, check_wait_for(alloc.context, wait_for))
+
+
+class Mapping:
+    """The context manager :func:`mapped` returns (one ``with`` at a time)."""
+
+    __slots__ = ("_array", "_entry", "_flags", "_open", "_queue", "_wait")
+
+    def __init__(
+        self, queue: cl.CommandQueue, a: SVMArray, flags: int, wait: list[cl.Event]
+    ) -> None:
+        self._queue = queue
+        self._array = a
+        self._flags = flags
+        self._wait = wait
+        self._entry: OpenMap | None = None
+        self._open = False
+
+    def __enter__(self) -> np.ndarray[Any, Any]:
+        if self._open:
+            raise InvalidValueError(
+                "this mapped() block is already open; call mapped() again to nest another map"
+            )
+        a = self._array
+        alloc = check_live(a)
+        view = a._view
+        if self._flags == _READ:
+            view = view.view()
+            view.flags.writeable = False
+        if not alloc.policy.needs_map or not view.size:
+            wait_pending(alloc.events.pending() + self._wait)
+            self._open = True
+            return view
+        lo, hi = span(a)
+        writes = self._flags != _READ
+        state = map_state_of(alloc)
+        with state.lock:
+            self._map(state, alloc, lo, hi, writes)
+            self._entry = state.open(lo, hi, writes)
+        self._open = True
+        return view
+
+    def _map(self, state: MapState, alloc: Allocation, lo: int, hi: int, writes: bool) -> None:
+        """Make the driver map cover ``[lo, hi)`` (with write access if ``writes``)."""
+        wait = alloc.events.pending() + self._wait
+        current = state.driver
+        if current is None:
+            self._driver_map(state, alloc, lo, hi, writes, self._flags, wait)
+        elif current.start <= lo and hi <= current.stop and (current.writes or not writes):
+            wait_pending(wait)  # already mapped: only order after pending work
+        else:  # remap the union (a single driver map per allocation)
+            unmapped = _unmap(current)
+            alloc.events.record(unmapped)
+            state.set_driver(None)
+            union_writes = current.writes or writes
+            self._driver_map(
+                state,
+                alloc,
+                min(lo, current.start),
+                max(hi, current.stop),
+                union_writes,
+                _READ_WRITE if union_writes else _READ,
+                [unmapped, *wait],
+            )
+
+    def _driver_map(
+        self,
+        state: MapState,
+        alloc: Allocation,
+        lo: int,
+        hi: int,
+        writes: bool,
+        flags: int,
+        wait: list[cl.Event],
+    ) -> None:
+        svm = cl.SVM(alloc.u8[lo:hi])
+        try:
+            _cl._enqueue_svm_map(self._queue, 1, flags, svm, wait or None, None)
+        except cl.Error as exc:
+            raise translate(exc, what=f"clEnqueueSVMMap of bytes [{lo}, {hi})") from exc
+        state.set_driver(DriverMap(lo, hi, writes, svm, self._queue))
+
+    def __exit__(self, *exc: object) -> None:
+        self._open = False
+        entry, self._entry = self._entry, None
+        if entry is None:
+            return
+        alloc = self._array._alloc
+        state = alloc.map_state
+        if state is None:  # cannot happen: the entry was opened on it
+            return
+        release = None
+        with state.lock:
+            state.close(entry)
+            current = state.driver
+            if state.maps or current is None:
+                return
+            state.set_driver(None)
+            release, state.deferred_free = state.deferred_free, None
+            try:
+                event = _unmap(current)
+                alloc.events.record(event)
+                event.wait()
+            finally:
+                if release is not None:  # the array was freed inside the block
+                    release()
+
+
+def _unmap(driver: DriverMap) -> cl.Event:
+    try:
+        return _cl._enqueue_svm_unmap(driver.queue, driver.svm, None)
+    except cl.Error as exc:
+        raise translate(
+            exc, what=f"clEnqueueSVMUnmap of bytes [{driver.start}, {driver.stop})"
+        ) from exc

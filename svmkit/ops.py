@@ -1,0 +1,406 @@
+"""fill, copy, migrate, launch: validate every spec rule, then one PyOpenCL call.
+
+Each operation checks its arguments with the rules in :mod:`svmkit._validate` before the
+driver sees them, records the command's event on every array it touches (so ``free()``
+and pools wait for it) and returns the ``pyopencl.Event``.  Ordering follows OpenCL: an
+operation runs after earlier commands of its (in-order) queue and its ``wait_for``
+events, not after other queues' work on the same arrays.
+
+The hot path is attribute and dictionary work; the driver is reached through PyOpenCL's
+own extension entry points (``pyopencl._cl._enqueue_svm_*``), which its public wrappers
+call after dispatching on argument types svmkit has already checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+from pyopencl import _cl
+
+from svmkit import _icd
+from svmkit._validate import (
+    check_command,
+    check_contiguous,
+    check_fill_target,
+    check_kernel_context,
+    check_live,
+    check_migrate_to,
+    check_no_overlap,
+    check_pattern,
+    check_queue,
+    check_same_context,
+    check_same_nbytes,
+    span,
+)
+from svmkit.array import SVMArray
+from svmkit.capabilities import capabilities
+from svmkit.errors import (
+    InvalidValueError,
+    UnsupportedError,
+    cl_error_name,
+    error_for_name,
+    translate,
+)
+from svmkit.events import check_wait_for, release_after
+from svmkit.policy import Access, Granularity
+from svmkit.resources.base import Allocation
+
+__all__ = ["copy", "fill", "launch", "migrate"]
+
+WaitFor = Sequence[cl.Event] | None
+
+
+def _marker(queue: cl.CommandQueue, wait: list[cl.Event]) -> cl.Event:
+    """The event of an operation with nothing to do (zero bytes): a marker, so ordering
+    still holds; no SVM command is given a NULL pointer or size 0."""
+    return cl.enqueue_marker(queue, wait_for=wait or None)
+
+
+def _wait_list(context: cl.Context, wait_for: WaitFor) -> list[cl.Event] | None:
+    """``wait_for`` checked (spec: ``CL_INVALID_CONTEXT`` for events of another context,
+    ``CL_INVALID_EVENT_WAIT_LIST`` for non-events); ``None`` when empty."""
+    return check_wait_for(context, wait_for) or None if wait_for is not None else None
+
+
+# -- fill -------------------------------------------------------------------------------
+
+
+def fill(
+    queue: cl.CommandQueue | None, dst: SVMArray, value: Any, *, wait_for: WaitFor = None
+) -> cl.Event:
+    """Fill ``dst`` with ``value`` (``clEnqueueSVMMemFill``); returns the event.
+
+    Parameters
+    ----------
+    value:
+        A scalar (Python number, NumPy scalar or 0-d array), cast to ``dst.dtype``; or a
+        1-D pattern array, whose raw bytes are repeated whatever its dtype.
+
+    Raises
+    ------
+    InvalidValueError
+        Pattern size not in {1, 2, 4, 8, 16, 32, 64, 128} or above the device's largest
+        vector type; ``dst.ptr`` not aligned to it; ``dst.nbytes`` not a multiple of it;
+        ``dst`` not contiguous (spec, clEnqueueSVMMemFill: ``CL_INVALID_VALUE``).
+    InvalidContextError, MapStateError, UseAfterFreeError
+        See :mod:`svmkit._validate`.
+
+    Notes
+    -----
+    Fills exactly the bytes of ``dst`` (a view fills only the view): PyOpenCL's fill
+    covers the whole SVM pointer object it is given, and an SVMArray's pointer object
+    spans exactly its own bytes.  Does not block.
+    """
+    if not isinstance(dst, SVMArray):
+        raise InvalidValueError(f"fill destination must be an SVMArray, got {type(dst).__name__}")
+    alloc = check_live(dst)
+    context = alloc.context
+    queue = check_queue(queue, context)
+    wait = _wait_list(context, wait_for)
+    pattern = check_pattern(value, dst._view.dtype, capabilities(context).max_alignment)
+    check_contiguous(dst, "fill destination")
+    nbytes = dst._view.nbytes
+    if not nbytes:
+        return _marker(queue, wait or [])
+    check_fill_target(alloc.ptr + dst._offset, nbytes, pattern.nbytes)
+    check_command(dst, alloc, True, "fill()")
+    try:
+        event = _cl._enqueue_svm_memfill(queue, dst, pattern, None, wait)
+    except cl.Error as exc:
+        raise translate(exc, what="clEnqueueSVMMemFill") from exc
+    alloc.events.record(event)
+    return event
+
+
+# -- copy -------------------------------------------------------------------------------
+
+
+def _copy_side(obj: Any, name: str, context: cl.Context, writes: bool) -> tuple[Any, int, int]:
+    """``(pointer object, address, nbytes)`` of one side of a copy, checked."""
+    if isinstance(obj, SVMArray):
+        alloc = check_live(obj)
+        check_same_context(alloc, context, name)
+        check_contiguous(obj, name)
+        check_command(obj, alloc, writes, f"copy() {name}")
+        return obj, alloc.ptr + obj._offset, obj._view.nbytes
+    if isinstance(obj, np.ndarray):
+        check_contiguous(obj, name)
+        if writes and not obj.flags.writeable:
+            raise InvalidValueError(f"copy destination {name} is a read-only NumPy array")
+        return cl.SVM(obj) if obj.size else obj, obj.__array_interface__["data"][0], obj.nbytes
+    raise InvalidValueError(
+        f"copy {name} must be an SVMArray or a NumPy array, got {type(obj).__name__}"
+    )
+
+
+def copy(
+    queue: cl.CommandQueue | None,
+    dst: SVMArray | np.ndarray[Any, Any],
+    src: SVMArray | np.ndarray[Any, Any],
+    *,
+    blocking: bool = True,
+    wait_for: WaitFor = None,
+) -> cl.Event:
+    """Copy the bytes of ``src`` into ``dst`` (``clEnqueueSVMMemcpy``); returns the event.
+
+    Either side may be an SVMArray or a NumPy array (host memory).  With
+    ``blocking=False`` the call returns at once; a NumPy side is kept alive until the copy
+    finished.
+
+    Raises
+    ------
+    InvalidValueError
+        A side not contiguous, sizes differ, ``dst`` a read-only NumPy array.
+    CopyOverlapError
+        Source and destination bytes overlap (spec: ``CL_MEM_COPY_OVERLAP``).
+    InvalidContextError
+        An array, the queue or a ``wait_for`` event of another context
+        (spec: ``CL_INVALID_CONTEXT``).
+    MapStateError, UseAfterFreeError
+        See :mod:`svmkit._validate`.
+    """
+    context = _context_of(dst, src, queue)
+    queue = check_queue(queue, context)
+    wait = _wait_list(context, wait_for)
+    dst_ptr_obj, dst_ptr, nbytes = _copy_side(dst, "dst", context, True)
+    src_ptr_obj, src_ptr, src_nbytes = _copy_side(src, "src", context, False)
+    check_same_nbytes(nbytes, src_nbytes)
+    if not nbytes:
+        event = _marker(queue, wait or [])
+        if blocking:
+            event.wait()
+        return event
+    check_no_overlap(dst_ptr, src_ptr, nbytes)
+    try:
+        event = _cl._enqueue_svm_memcpy(
+            queue, 1 if blocking else 0, dst_ptr_obj, src_ptr_obj, wait, None
+        )
+    except cl.Error as exc:
+        raise translate(exc, what="clEnqueueSVMMemcpy", nbytes=nbytes) from exc
+    svm_sides = 0
+    if isinstance(dst, SVMArray):
+        dst._alloc.events.record(event)
+        svm_sides += 1
+    if isinstance(src, SVMArray):
+        src._alloc.events.record(event)
+        svm_sides += 1
+    if not blocking and svm_sides < 2:
+        release_after([event], _KeepAlive((dst_ptr_obj, src_ptr_obj)))
+    return event
+
+
+def _context_of(dst: Any, src: Any, queue: Any) -> cl.Context:
+    """The context a copy runs in: that of its SVM side(s), else the queue's."""
+    if isinstance(dst, SVMArray):
+        return dst._alloc.context
+    if isinstance(src, SVMArray):
+        return src._alloc.context
+    if isinstance(queue, cl.CommandQueue):
+        return queue.context
+    raise InvalidValueError("copy between two NumPy arrays needs a queue")
+
+
+class _KeepAlive:
+    """A release that holds host buffers until the copy that reads/writes them finished."""
+
+    __slots__ = ("objects",)
+
+    def __init__(self, objects: tuple[Any, ...]) -> None:
+        self.objects = objects
+
+    def __call__(self) -> None:
+        self.objects = ()
+
+
+# -- migrate ----------------------------------------------------------------------------
+
+
+def migrate(
+    queue: cl.CommandQueue | None,
+    arrays: SVMArray | Iterable[SVMArray],
+    *,
+    to: str = "device",
+    content_undefined: bool = False,
+    wait_for: WaitFor = None,
+) -> cl.Event:
+    """Migrate exactly the byte ranges of ``arrays`` (``clEnqueueSVMMigrateMem``).
+
+    ``to="device"`` moves them to the queue's device, ``to="host"`` to the host
+    (``CL_MIGRATE_MEM_OBJECT_HOST``); ``content_undefined=True`` adds
+    ``CL_MIGRATE_MEM_OBJECT_CONTENT_UNDEFINED``.  A strided view migrates the byte span it
+    touches.  Counts as a read for map-state checks.
+
+    Raises
+    ------
+    InvalidValueError
+        Empty list, ``to`` not "device"/"host" (spec: ``CL_INVALID_VALUE`` if
+        ``num_svm_pointers`` is zero); a SYSTEM array (spec: each range must lie in a
+        ``clSVMAlloc`` allocation).
+    UnsupportedError
+        The queue's device predates OpenCL 2.1 (no ``clEnqueueSVMMigrateMem``).
+    InvalidContextError, MapStateError, UseAfterFreeError
+        See :mod:`svmkit._validate`.
+    """
+    items = [arrays] if isinstance(arrays, SVMArray) else list(arrays)
+    if not items:
+        raise InvalidValueError(
+            "migrate() needs at least one array (spec: CL_INVALID_VALUE "
+            "if num_svm_pointers is zero)"
+        )
+    flags = check_migrate_to(to, content_undefined)
+    first = items[0]
+    if not isinstance(first, SVMArray):
+        raise InvalidValueError(f"migrate() takes SVMArrays, got {type(first).__name__}")
+    context = first._alloc.context
+    queue = check_queue(queue, context)
+    wait = _wait_list(context, wait_for)
+    if not capabilities(queue.device).migrate:
+        raise UnsupportedError(
+            f"{queue.device.name} does not support clEnqueueSVMMigrateMem (needs OpenCL 2.1)",
+            cl_error="CL_INVALID_OPERATION",
+        )
+    pointers = []
+    allocs = []
+    for a in items:
+        if not isinstance(a, SVMArray):
+            raise InvalidValueError(f"migrate() takes SVMArrays, got {type(a).__name__}")
+        alloc = check_live(a)
+        check_same_context(alloc, context, "an array to migrate")
+        if alloc.policy.granularity is Granularity.SYSTEM:
+            raise InvalidValueError(
+                "migrate() of SYSTEM memory: clEnqueueSVMMigrateMem needs ranges inside "
+                "clSVMAlloc allocations"
+            )
+        if not a._view.nbytes:
+            continue  # size 0 would migrate the whole allocation
+        check_command(a, alloc, False, "migrate()")
+        if a._view.flags.c_contiguous or a._view.flags.f_contiguous:
+            pointers.append(a)
+        else:
+            lo, hi = span(a)
+            pointers.append(cl.SVM(alloc.u8[lo:hi]))
+        allocs.append(alloc)
+    if not pointers:
+        return _marker(queue, wait or [])
+    try:
+        event = _cl._enqueue_svm_migrate_mem(queue, pointers, flags, wait)
+    except cl.Error as exc:
+        raise translate(exc, what="clEnqueueSVMMigrateMem") from exc
+    for alloc in allocs:
+        alloc.events.record(event)
+    return event
+
+
+# -- launch -----------------------------------------------------------------------------
+
+
+def launch(
+    queue: cl.CommandQueue | None,
+    kernel: cl.Kernel,
+    global_size: Any,
+    local_size: Any,
+    *args: Any,
+    uses: Iterable[Any] = (),
+    wait_for: WaitFor = None,
+) -> cl.Event:
+    """Enqueue ``kernel`` with SVMArray arguments; returns the event.
+
+    Parameters
+    ----------
+    args:
+        Kernel arguments.  SVMArrays pass as SVM pointers (element 0).  An object with
+        ``kernel_arg`` and ``svm_pointers`` attributes (a :class:`~svmkit.WorkQueue`)
+        passes as ``kernel_arg`` and has its ``svm_pointers`` registered.  Anything else
+        passes to PyOpenCL unchanged.
+    uses:
+        SVMArrays (or work queues) the kernel reaches only through pointers stored in SVM;
+        registered with ``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS)``.
+
+    Raises
+    ------
+    InvalidContextError
+        Kernel, queue, array or event of another context.
+    MapStateError
+        An array argument or ``uses`` entry overlaps a mapped coarse-grain region; each
+        counts as written unless its policy's access is ``READ_ONLY``.
+    UseAfterFreeError
+        An array was freed.
+
+    Notes
+    -----
+    The event is recorded on every array involved, so ``free()`` and pools wait for the
+    kernel.  The SVM pointers registered stay registered on the kernel object until the
+    next ``launch`` of it replaces them.
+    """
+    if queue is None:
+        queue = check_queue(None, kernel.context)
+    elif not isinstance(queue, cl.CommandQueue):
+        queue = check_queue(queue, kernel.context)  # raises
+    context = queue.context
+    check_kernel_context(kernel, context)
+    wait = _wait_list(context, wait_for)
+    allocs: list[Allocation] = []
+    others: list[Any] = []
+    pointers: list[int] = []
+    call_args = list(args)
+    for i, arg in enumerate(args):
+        if isinstance(arg, SVMArray):
+            allocs.append(_check_kernel_array(arg, context, "a kernel argument"))
+        elif hasattr(arg, "kernel_arg") and hasattr(arg, "svm_pointers"):
+            call_args[i] = arg.kernel_arg
+            pointers.extend(arg.svm_pointers)
+            others.append(arg)
+    for used in uses:
+        if isinstance(used, SVMArray):
+            allocs.append(_check_kernel_array(used, context, "a `uses` entry"))
+            pointers.append(used._alloc.ptr + used._offset)
+        elif hasattr(used, "svm_pointers"):
+            pointers.extend(used.svm_pointers)
+            others.append(used)
+        else:
+            raise InvalidValueError(
+                f"uses= takes SVMArrays (or work queues), got {type(used).__name__}"
+            )
+    _register_svm_pointers(kernel, pointers, args)
+    try:
+        event = kernel(queue, global_size, local_size, *call_args, wait_for=wait)
+    except cl.Error as exc:
+        raise translate(exc, what=f"enqueueing kernel {kernel.function_name}") from exc
+    for alloc in allocs:
+        alloc.events.record(event)
+    for other in others:  # a work queue that records its own events
+        record = getattr(other, "record", None)
+        if callable(record):
+            record(event)
+    return event
+
+
+def _check_kernel_array(a: SVMArray, context: cl.Context, name: str) -> Allocation:
+    alloc = check_live(a)
+    check_same_context(alloc, context, name)
+    check_command(a, alloc, alloc.policy.access is not Access.READ_ONLY, "launch()")
+    return alloc
+
+
+def _register_svm_pointers(kernel: cl.Kernel, pointers: list[int], args: tuple[Any, ...]) -> None:
+    """``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS)`` for ``pointers``.
+
+    The setting persists on the kernel object; a launch without pointers after one with
+    them replaces the stale list by the array arguments' pointers (the spec offers no way
+    to clear it), so memory freed since is never named to the driver again.
+    """
+    if not pointers:
+        if not getattr(kernel, "_svmkit_svm_ptrs", False):
+            return
+        pointers = [a._alloc.ptr + a._offset for a in args if isinstance(a, SVMArray)]
+        if not pointers:
+            return
+    code = _icd.set_kernel_exec_info_svm_ptrs(kernel, tuple(pointers))
+    if code:
+        raise error_for_name(
+            cl_error_name(code), "clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS) failed"
+        )
+    setattr(kernel, "_svmkit_svm_ptrs", True)  # noqa: B010 (a pyopencl object)
