@@ -97,6 +97,18 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         self._offset = offset
         self.base = base
 
+    @classmethod
+    def _wrap(cls, alloc: Allocation, view: np.ndarray[Any, Any]) -> SVMArray:
+        """A new array over the start of ``alloc``; ``view`` must be contiguous and begin at
+        ``alloc.ptr`` (the constructors' fast path: no offset or layout computation)."""
+        self = cls.__new__(cls)
+        cl.SVM.__init__(self, view)
+        self._alloc = alloc
+        self._view = view
+        self._offset = 0
+        self.base = None
+        return self
+
     # -- metadata ------------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
@@ -247,12 +259,19 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         """A view with another shape (NumPy rules; no copy, so the layout must allow it)."""
         self._live()
         new_shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        view = self._view.view()
         try:
-            view.shape = new_shape
-        except AttributeError as exc:
+            view = np.reshape(self._view, new_shape, copy=False)
+        except TypeError:  # NumPy < 2.1 has no copy=; setting .shape never copies
+            view = self._view.view()
+            try:
+                view.shape = new_shape
+            except AttributeError as exc:
+                raise InvalidValueError(
+                    f"cannot reshape {self.shape} to {new_shape} without copying"
+                ) from exc
+        except ValueError as exc:
             raise InvalidValueError(
-                f"cannot reshape {self.shape} to {new_shape} without copying"
+                f"cannot reshape {self.shape} to {new_shape} without copying: {exc}"
             ) from exc
         return SVMArray(self._alloc, view, self.base if self.base is not None else self)
 

@@ -89,6 +89,11 @@ def test_views_of_views_point_at_the_root(ctx):
     v = a[10:90][5:20]
     assert v.base is a and v.ptr == a.ptr + 15 * 2
     assert v.reshape(3, 5).shape == (3, 5) and v.view(np.uint8).shape == (30,)
+    assert v.reshape((5, 3)).ptr == v.ptr
+    grid = sk.zeros(ctx, (4, 6), np.int16)
+    with pytest.raises(sk.InvalidValueError, match="without copying") as info:
+        grid[:, :3].reshape(12)
+    assert info.value.cl_error == "CL_INVALID_VALUE"
 
 
 @pytest.mark.needs("fine")
