@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,12 +183,20 @@ def combine(per_device: tuple[Capabilities, ...]) -> Capabilities:
 
 
 _context_cache: dict[tuple[int, ...], Capabilities] = {}
+_by_context: weakref.WeakKeyDictionary[cl.Context, Capabilities] = weakref.WeakKeyDictionary()
 
 
 def capabilities(ctx_or_device: cl.Context | cl.Device) -> Capabilities:
-    """The SVM :class:`Capabilities` of a device or of a context (AND/min over its devices)."""
+    """The SVM :class:`Capabilities` of a device or of a context (AND/min over its devices).
+
+    Queried once per device and cached; a context's answer is cached per context object,
+    so the call is a dictionary lookup on hot paths.
+    """
     if isinstance(ctx_or_device, cl.Device):
         return _device_capabilities(ctx_or_device)
+    caps = _by_context.get(ctx_or_device)
+    if caps is not None:
+        return caps
     devices = ctx_or_device.devices
     key = tuple(d.int_ptr for d in devices)
     caps = _context_cache.get(key)
@@ -195,6 +204,8 @@ def capabilities(ctx_or_device: cl.Context | cl.Device) -> Capabilities:
         caps = combine(tuple(_device_capabilities(d) for d in devices))
         with _cache_lock:
             _context_cache[key] = caps
+    with _cache_lock:
+        _by_context[ctx_or_device] = caps
     return caps
 
 
