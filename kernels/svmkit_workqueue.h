@@ -1,0 +1,185 @@
+/* svmkit_workqueue.h - the device side of sk.WorkQueue: a bounded MPMC ring in fine-grain SVM.
+ *
+ * The host (svmkit/workqueue.py) and every device of the context push and pop on the same
+ * ring at the same time, with SVM atomics (clSVMAlloc with CL_MEM_SVM_FINE_GRAIN_BUFFER |
+ * CL_MEM_SVM_ATOMICS).  Usage:
+ *
+ *     #include "svmkit_workqueue.h"          // WQ_ITEM defaults to long
+ *     __kernel void consume(__global svmkit_wq *q, __global long *out) {
+ *         WQ_ITEM item;
+ *         while (wq_pop(q, &item)) { ... }   // ends once the host closed the queue and
+ *     }                                      // every item was popped
+ *
+ * API (exactly as svmkit's API.md gives it):
+ *   bool wq_push(q, item)       blocks while full; false if the queue is closed
+ *   bool wq_pop(q, &item)       blocks while empty; false once closed and drained
+ *   bool wq_try_push(q, item)   false if full or closed (nothing waits)
+ *   bool wq_try_pop(q, &item)   false if nothing is there now
+ *
+ * Forward progress: OpenCL promises none between work-items of one work-group, so a
+ * work-item that may block (wq_pop, wq_push) must be alone in its work-group or the only
+ * one of its group that blocks, and the persistent grid must not exceed the work-groups that
+ * run at once (sk.persistent_grid picks it).  A kernel whose work-items both pop and push
+ * uses wq_try_push and does the work inline when the ring is full.
+ *
+ * Layout (byte offsets; svmkit/workqueue.py builds the same one):
+ *     0  head    ulong  consumers' claim counter            (own 64-byte line)
+ *    64  tail    ulong  producers' claim counter; bit 63 = closed  (own line)
+ *   128  closed  uint   mirror of tail's bit 63, read while idle    (own line)
+ *   192  mask (ulong), capacity (ulong), item_size (uint), magic (uint): set once by the host
+ *   256  slots[capacity], 16 bytes each: ulong seq at +0, WQ_ITEM item at +8
+ *
+ * Protocol (D. Vyukov's bounded MPMC queue).  Slot i starts with seq == i.  A producer at
+ * position p (slot p & mask) may write once seq == p: it claims p by a compare-exchange of
+ * tail from p to p + 1, writes the item, then stores seq = p + 1 with RELEASE.  A consumer
+ * at position p waits for seq == p + 1 (ACQUIRE load, so the item is visible), claims p by a
+ * compare-exchange of head, reads the item, then stores seq = p + capacity with RELEASE
+ * (the slot is free for the producer of the next lap).  The compare-exchanges are relaxed:
+ * only the slot's seq carries the item between agents.  Positions are 63-bit counters,
+ * compared through a signed difference, so they never wrap in practice.
+ *
+ * Closing sets bit 63 of tail with one atomic fetch-or.  Because a producer claims a slot
+ * with a compare-exchange on that same word, every claim is ordered either before the close
+ * (its item will be drained) or after it (it fails and reports "closed"): the flag cannot
+ * race with a claim in flight, which a flag on its own word could.  A consumer that finds
+ * its slot empty reads the `closed` mirror (a line that stays shared while idle) and, when
+ * set, reads tail with ACQUIRE: the queue is drained once head reached tail's position.
+ *
+ * Scope: SVMKIT_SCOPE (svmkit.build_program: memory_scope_all_svm_devices where every device
+ * has it, else memory_scope_device, see svmkit_atomics.h).
+ */
+#ifndef SVMKIT_WORKQUEUE_H
+#define SVMKIT_WORKQUEUE_H
+
+#include "svmkit_atomics.h"
+
+#if defined(cl_khr_int64_base_atomics)
+#pragma OPENCL EXTENSION cl_khr_int64_base_atomics : enable
+#endif
+#if defined(cl_khr_int64_extended_atomics)
+#pragma OPENCL EXTENSION cl_khr_int64_extended_atomics : enable
+#endif
+
+#ifndef WQ_ITEM
+#define WQ_ITEM long
+#endif
+
+#define SVMKIT_WQ_CLOSED ((ulong)1 << 63)
+#define SVMKIT_WQ_HEADER_BYTES 256
+#define SVMKIT_WQ_MAGIC 0x53564d51u /* "SVMQ" */
+
+typedef struct {
+    atomic_ulong head;
+    uchar _pad0[56];
+    atomic_ulong tail;
+    uchar _pad1[56];
+    atomic_uint closed;
+    uchar _pad2[60];
+    ulong mask;
+    ulong capacity;
+    uint item_size;
+    uint magic;
+    uchar _pad3[40];
+} svmkit_wq;
+
+/* WQ_ITEM must fit the 8 bytes a slot holds for it. */
+typedef char svmkit_wq_item_fits_in_a_slot[(sizeof(WQ_ITEM) <= 8) ? 1 : -1];
+
+#define SVMKIT_WQ_SLOT_BYTES 16
+
+inline __global atomic_ulong *svmkit_wq_seq(__global svmkit_wq *q, ulong pos)
+{
+    return (__global atomic_ulong *)((__global uchar *)q + SVMKIT_WQ_HEADER_BYTES +
+                                     (pos & q->mask) * SVMKIT_WQ_SLOT_BYTES);
+}
+
+inline __global WQ_ITEM *svmkit_wq_item(__global svmkit_wq *q, ulong pos)
+{
+    return (__global WQ_ITEM *)((__global uchar *)q + SVMKIT_WQ_HEADER_BYTES +
+                                (pos & q->mask) * SVMKIT_WQ_SLOT_BYTES + 8);
+}
+
+/* 1: pushed, 0: full, -1: closed. */
+inline int wq_try_push_status(__global svmkit_wq *q, WQ_ITEM item)
+{
+    ulong pos = svmkit_load_relaxed(&q->tail);
+    for (;;) {
+        if (pos & SVMKIT_WQ_CLOSED)
+            return -1;
+        __global atomic_ulong *seq = svmkit_wq_seq(q, pos);
+        long dif = (long)(svmkit_load_acquire(seq) - pos);
+        if (dif == 0) {
+            if (atomic_compare_exchange_weak_explicit(&q->tail, &pos, pos + 1,
+                                                      memory_order_relaxed,
+                                                      memory_order_relaxed, SVMKIT_SCOPE)) {
+                *svmkit_wq_item(q, pos) = item;
+                svmkit_store_release(seq, pos + 1);
+                return 1;
+            }
+            /* pos now holds the tail another producer left */
+        } else if (dif < 0) {
+            return 0; /* the slot still holds last lap's item: full */
+        } else {
+            pos = svmkit_load_relaxed(&q->tail);
+        }
+    }
+}
+
+inline bool wq_try_push(__global svmkit_wq *q, WQ_ITEM item)
+{
+    return wq_try_push_status(q, item) > 0;
+}
+
+inline bool wq_push(__global svmkit_wq *q, WQ_ITEM item)
+{
+    for (;;) {
+        int status = wq_try_push_status(q, item);
+        if (status != 0)
+            return status > 0;
+    }
+}
+
+inline bool wq_try_pop(__global svmkit_wq *q, WQ_ITEM *item)
+{
+    ulong pos = svmkit_load_relaxed(&q->head);
+    for (;;) {
+        __global atomic_ulong *seq = svmkit_wq_seq(q, pos);
+        long dif = (long)(svmkit_load_acquire(seq) - (pos + 1));
+        if (dif == 0) {
+            if (atomic_compare_exchange_weak_explicit(&q->head, &pos, pos + 1,
+                                                      memory_order_relaxed,
+                                                      memory_order_relaxed, SVMKIT_SCOPE)) {
+                *item = *svmkit_wq_item(q, pos);
+                svmkit_store_release(seq, pos + q->mask + 1);
+                return true;
+            }
+        } else if (dif < 0) {
+            return false; /* not published yet: empty */
+        } else {
+            pos = svmkit_load_relaxed(&q->head);
+        }
+    }
+}
+
+/* Closed (tail's bit 63) and every claimed position consumed. */
+inline bool wq_drained(__global svmkit_wq *q)
+{
+    if (!svmkit_load_acquire(&q->closed))
+        return false;
+    ulong tail = svmkit_load_acquire(&q->tail);
+    if (!(tail & SVMKIT_WQ_CLOSED))
+        return false;
+    return (long)(svmkit_load_relaxed(&q->head) - (tail & ~SVMKIT_WQ_CLOSED)) >= 0;
+}
+
+inline bool wq_pop(__global svmkit_wq *q, WQ_ITEM *item)
+{
+    for (;;) {
+        if (wq_try_pop(q, item))
+            return true;
+        if (wq_drained(q))
+            return false;
+    }
+}
+
+#endif /* SVMKIT_WORKQUEUE_H */

@@ -1,0 +1,429 @@
+"""Host-side atomics on SVM words, and the host operations of the work-queue ring.
+
+Two implementations of one interface, ``Ring(address, capacity, itemsize, kind)``:
+
+* ``svmkit._wqnative.Ring`` (C, built by ``setup.py`` when a compiler is present): every
+  operation is one C call with GCC ``__atomic`` builtins; blocking waits spin without the
+  GIL.  This is the fast path (about 0.1 µs per single-item push).
+* :class:`PyRing` (this module, no compiler needed): the same protocol with one atomic
+  compare-exchange per call (per batch for ``*_many``) through ctypes, and NumPy loads and
+  stores for the slot sequence numbers and payloads.
+
+Memory orders the pure-Python ring relies on.  The protocol (kernels/svmkit_workqueue.h)
+needs ACQUIRE loads and RELEASE stores of each slot's ``seq`` and atomic read-modify-writes
+of ``head``/``tail``.  On x86-64 (total store order) an aligned 8-byte load is an acquire
+load and an aligned 8-byte store a release store, and NumPy performs separate assignment
+statements in program order with aligned element accesses, so the payload stores of one
+statement are visible before the ``seq`` stores of the next.  The read-modify-writes are
+``lock cmpxchg`` (a full barrier).  On any other architecture (no TSO) :class:`PyRing`
+performs each ``seq`` load and store through libatomic's ``__atomic_load_8`` (ACQUIRE) and
+``__atomic_store_8`` (RELEASE), one item at a time: slower, but correct.
+
+The compare-exchange comes from libatomic (``__atomic_compare_exchange_8``) or, where that
+library is missing on x86-64, from a 9-byte ``lock cmpxchg`` routine placed in an executable
+page.  ``SVMKIT_HOSTATOMICS=python`` forces the pure-Python ring (``native`` requires C).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import mmap
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from svmkit.resources.base import host_bytes
+
+__all__ = [
+    "CLOSED_BIT",
+    "HEADER_BYTES",
+    "SLOT_BYTES",
+    "CasProvider",
+    "PyRing",
+    "RingOps",
+    "available_backends",
+    "cas_provider",
+    "ring_class",
+]
+
+CLOSED_BIT = 1 << 63
+HEAD_OFFSET = 0
+TAIL_OFFSET = 64
+CLOSED_OFFSET = 128
+PARAMS_OFFSET = 192
+HEADER_BYTES = 256
+SLOT_BYTES = 16
+MAGIC = 0x53564D51  # "SVMQ"
+
+HOST_IS_TSO = platform.machine().lower() in ("x86_64", "amd64", "x86", "i386", "i686")
+
+_ACQUIRE, _RELEASE, _SEQ_CST = 2, 3, 5
+
+
+class RingOps(Protocol):
+    """What :class:`svmkit.WorkQueue` needs from a ring implementation."""
+
+    def try_push(self, item: Any, /) -> int: ...
+    def try_pop(self) -> Any: ...
+    def try_push_many(self, buffer: Any, start: int, /) -> int: ...
+    def try_pop_many(self, buffer: Any, start: int, /) -> int: ...
+    def close(self) -> bool: ...
+    def closed(self) -> bool: ...
+    def drained(self) -> bool: ...
+    def length(self) -> int: ...
+    def wait(self, for_pop: bool, max_ns: int, /) -> None: ...
+
+
+class CasProvider:
+    """A 64-bit compare-exchange on an address: ``cas(addr, expected, desired) -> old``."""
+
+    def __init__(
+        self,
+        name: str,
+        cas: Callable[[int, int, int], int],
+        load: Callable[[int], int] | None = None,
+        store: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.cas = cas
+        self.load = load
+        self.store = store
+
+
+def _libatomic() -> CasProvider | None:
+    path = ctypes.util.find_library("atomic")
+    candidates = [path] if path else []
+    candidates += ["libatomic.so.1", "libatomic.dylib"]
+    for candidate in candidates:
+        try:
+            lib = ctypes.CDLL(candidate)
+            return _libatomic_provider(lib, candidate)
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def _libatomic_provider(lib: ctypes.CDLL, name: str) -> CasProvider:
+    cmpxchg = lib.__atomic_compare_exchange_8
+    cmpxchg.restype = ctypes.c_bool
+    cmpxchg.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_uint64,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
+    load8 = lib.__atomic_load_8
+    load8.restype = ctypes.c_uint64
+    load8.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    store8 = lib.__atomic_store_8
+    store8.restype = None
+    store8.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int]
+
+    def cas(addr: int, expected: int, desired: int) -> int:
+        box = ctypes.c_uint64(expected)
+        cmpxchg(addr, ctypes.byref(box), desired, _SEQ_CST, _SEQ_CST)
+        return box.value
+
+    def load(addr: int) -> int:
+        return int(load8(addr, _ACQUIRE))
+
+    def store(addr: int, value: int) -> None:
+        store8(addr, value, _RELEASE)
+
+    return CasProvider(f"libatomic ({name})", cas, load, store)
+
+
+# mov rax, <expected>; lock cmpxchg [<ptr>], <desired>; ret
+_THUNK_SYSV = bytes.fromhex("4889f0f0480fb117c3")  # rdi, rsi, rdx
+_THUNK_WIN64 = bytes.fromhex("4889d0f04c0fb101c3")  # rcx, rdx, r8
+_thunk_pages: list[mmap.mmap] = []
+
+
+def _x86_thunk() -> CasProvider | None:
+    if platform.machine().lower() not in ("x86_64", "amd64") or sys.maxsize < 2**32:
+        return None
+    code = _THUNK_WIN64 if os.name == "nt" else _THUNK_SYSV
+    try:
+        if os.name == "nt":  # pragma: no cover - no Windows runner
+            return None
+        page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    except (OSError, ValueError, AttributeError):
+        return None
+    page.write(code)
+    _thunk_pages.append(page)  # keep the page mapped for the life of the process
+    address = ctypes.addressof(ctypes.c_char.from_buffer(page))
+    fn = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64)(
+        address
+    )
+    return CasProvider("x86-64 lock cmpxchg routine", lambda a, e, d: int(fn(a, e, d)))
+
+
+@functools.cache
+def cas_provider(prefer: str | None = None) -> CasProvider:
+    """The compare-exchange the pure-Python ring uses (``prefer``: "libatomic"/"thunk")."""
+    order = [_libatomic, _x86_thunk]
+    if prefer == "thunk":
+        order.reverse()
+    for make in order:
+        provider = make()
+        if provider is not None and (HOST_IS_TSO or provider.load is not None):
+            return provider
+    from svmkit.errors import UnsupportedError
+
+    raise UnsupportedError(
+        f"no host atomics for the work queue on {platform.machine()}: build svmkit with a C "
+        "compiler (svmkit._wqnative) or install libatomic"
+    )
+
+
+class PyRing:
+    """The ring's host operations in Python (same interface as ``_wqnative.Ring``).
+
+    ``kind`` is ``"i"``/``"u"``/``"f"`` for integer, unsigned and float items or ``"r"``
+    for raw bits that the caller converts (stored as unsigned integers of ``itemsize``).
+    """
+
+    def __init__(
+        self,
+        address: int,
+        capacity: int,
+        itemsize: int,
+        kind: str,
+        *,
+        provider: CasProvider | None = None,
+        tso: bool | None = None,
+    ) -> None:
+        if capacity < 2 or capacity & (capacity - 1) or not 1 <= itemsize <= 8:
+            raise ValueError("bad ring parameters")
+        self._cas = (provider or cas_provider()).cas
+        self._provider = provider or cas_provider()
+        self._tso = HOST_IS_TSO if tso is None else tso
+        if not self._tso and self._provider.load is None:
+            raise ValueError("a non-TSO host needs atomic loads and stores (libatomic)")
+        self._address = address
+        self._mask = capacity - 1
+        self._capacity = capacity
+        raw = host_bytes(address, HEADER_BYTES + capacity * SLOT_BYTES)
+        self._words = raw.view(np.uint64)
+        self._closed_word = raw[CLOSED_OFFSET : CLOSED_OFFSET + 4].view(np.uint32)
+        self._seq = self._words[HEADER_BYTES // 8 :: 2]
+        letter = "u" if kind == "r" else kind
+        self._dtype = np.dtype(f"{letter}{itemsize}")
+        self._items: np.ndarray[Any, Any] = np.ndarray(
+            (capacity,), self._dtype, buffer=raw, offset=HEADER_BYTES + 8, strides=(SLOT_BYTES,)
+        )
+        self._tail_addr = address + TAIL_OFFSET
+        self._head_addr = address + HEAD_OFFSET
+        self._seq_addr0 = address + HEADER_BYTES
+
+    # seq accesses: NumPy on TSO hosts, libatomic acquire/release elsewhere
+    def _load_seq(self, slot: int) -> int:
+        if self._tso:
+            return int(self._seq[slot])
+        assert self._provider.load is not None
+        return self._provider.load(self._seq_addr0 + slot * SLOT_BYTES)
+
+    def _store_seq(self, slot: int, value: int) -> None:
+        if self._tso:
+            self._seq[slot] = value
+        else:
+            assert self._provider.store is not None
+            self._provider.store(self._seq_addr0 + slot * SLOT_BYTES, value)
+
+    def _load_word(self, index: int) -> int:
+        if self._tso:
+            return int(self._words[index])
+        assert self._provider.load is not None
+        return self._provider.load(self._address + 8 * index)
+
+    def try_push(self, item: Any) -> int:
+        """1 pushed, 0 full, -1 closed."""
+        value = self._dtype.type(item)  # convert (and raise) before claiming a slot
+        pos = self._load_word(TAIL_OFFSET // 8)
+        while True:
+            if pos & CLOSED_BIT:
+                return -1
+            slot = pos & self._mask
+            dif = self._load_seq(slot) - pos
+            if dif == 0:
+                old = self._cas(self._tail_addr, pos, pos + 1)
+                if old == pos:
+                    self._items[slot] = value
+                    self._store_seq(slot, pos + 1)
+                    return 1
+                pos = old
+            elif dif < 0:
+                return 0
+            else:
+                pos = self._load_word(TAIL_OFFSET // 8)
+
+    def try_pop(self) -> Any:
+        """The item (a Python number), or None when nothing is published at head."""
+        pos = self._load_word(HEAD_OFFSET // 8)
+        while True:
+            slot = pos & self._mask
+            dif = self._load_seq(slot) - (pos + 1)
+            if dif == 0:
+                old = self._cas(self._head_addr, pos, pos + 1)
+                if old == pos:
+                    value = self._items[slot].item()
+                    self._store_seq(slot, pos + self._capacity)
+                    return value
+                pos = old
+            elif dif < 0:
+                return None
+            else:
+                pos = self._load_word(HEAD_OFFSET // 8)
+
+    def try_push_many(self, buffer: Any, start: int) -> int:
+        """Push ``buffer[start:]`` with one reservation: count pushed, 0 full, -1 closed."""
+        src = np.asarray(buffer).view(self._dtype)
+        n = len(src) - start
+        if n <= 0:
+            return 0
+        if not self._tso:  # one acquire/release pair per item: go item by item
+            count = 0
+            for value in src[start:].tolist():
+                status = self.try_push(value)
+                if status != 1:
+                    return count if count else status
+                count += 1
+            return count
+        cap = self._capacity
+        pos = int(self._words[TAIL_OFFSET // 8])
+        while True:
+            if pos & CLOSED_BIT:
+                return -1
+            used = pos - int(self._words[HEAD_OFFSET // 8])
+            if used < 0:
+                pos = int(self._words[TAIL_OFFSET // 8])
+                continue
+            if used >= cap:
+                return 0
+            k = min(n, cap - used)
+            old = self._cas(self._tail_addr, pos, pos + k)
+            if old == pos:
+                break
+            pos = old
+        done = 0
+        while done < k:
+            p = pos + done
+            slot = p & self._mask
+            m = min(k - done, cap - slot)
+            expected = np.arange(p, p + m, dtype=np.uint64)
+            seg = slice(slot, slot + m)
+            # last lap's consumers claimed these slots already; wait until they let go
+            while not np.array_equal(self._seq[seg], expected):
+                time.sleep(0)
+            self._items[seg] = src[start + done : start + done + m]
+            self._seq[seg] = expected + np.uint64(1)
+            done += m
+        return k
+
+    def try_pop_many(self, buffer: Any, start: int) -> int:
+        """Pop the published run at head into ``buffer[start:]`` with one reservation."""
+        out = np.asarray(buffer).view(self._dtype)
+        n = len(out) - start
+        if n <= 0:
+            return 0
+        if not self._tso:
+            count = 0
+            while count < n:
+                value = self.try_pop()
+                if value is None:
+                    break
+                out[start + count] = value
+                count += 1
+            return count
+        cap = self._capacity
+        pos = int(self._words[HEAD_OFFSET // 8])
+        while True:
+            slot = pos & self._mask
+            m = min(n, cap - slot)
+            expected = np.arange(pos + 1, pos + 1 + m, dtype=np.uint64)
+            ready = self._seq[slot : slot + m] == expected
+            k = m if ready.all() else int(np.argmin(ready))
+            if k == 0:
+                if int(self._seq[slot]) - (pos + 1) > 0:  # head moved on
+                    pos = int(self._words[HEAD_OFFSET // 8])
+                    continue
+                return 0
+            old = self._cas(self._head_addr, pos, pos + k)
+            if old == pos:
+                break
+            pos = old
+        out[start : start + k] = self._items[slot : slot + k]
+        self._seq[slot : slot + k] = expected[:k] + np.uint64(cap - 1)
+        return k
+
+    def close(self) -> bool:
+        """Set tail's closed bit (compare-exchange loop); True if the queue was open."""
+        while True:
+            old = self._load_word(TAIL_OFFSET // 8)
+            if old & CLOSED_BIT:
+                opened = False
+                break
+            if self._cas(self._tail_addr, old, old | CLOSED_BIT) == old:
+                opened = True
+                break
+        self._closed_word[0] = 1  # mirror; the bit in tail is what decides
+        return opened
+
+    def closed(self) -> bool:
+        return bool(self._load_word(TAIL_OFFSET // 8) & CLOSED_BIT)
+
+    def drained(self) -> bool:
+        tail = self._load_word(TAIL_OFFSET // 8)
+        if not tail & CLOSED_BIT:
+            return False
+        return self._load_word(HEAD_OFFSET // 8) >= tail & ~CLOSED_BIT
+
+    def length(self) -> int:
+        head = self._load_word(HEAD_OFFSET // 8)
+        tail = self._load_word(TAIL_OFFSET // 8) & ~CLOSED_BIT
+        return max(0, min(tail - head, self._capacity))
+
+    def wait(self, for_pop: bool, max_ns: int) -> None:
+        """Give the CPU away once (the GIL is released while sleeping)."""
+        time.sleep(0)
+
+
+def _native() -> type | None:
+    try:
+        from svmkit import _wqnative
+    except ImportError:
+        return None
+    return _wqnative.Ring
+
+
+def available_backends() -> tuple[str, ...]:
+    """``("native", "python")`` when the C helper is built, else ``("python",)``."""
+    return ("native", "python") if _native() is not None else ("python",)
+
+
+def ring_class(backend: str | None = None) -> Callable[..., RingOps]:
+    """The ring implementation: ``backend`` or ``SVMKIT_HOSTATOMICS`` ("native"/"python"),
+    else the native one when it was built."""
+    choice = backend or os.environ.get("SVMKIT_HOSTATOMICS") or None
+    native = _native()
+    if choice == "python" or (choice is None and native is None):
+        return PyRing
+    if native is None:
+        from svmkit.errors import UnsupportedError
+
+        raise UnsupportedError("svmkit._wqnative was not built (no C compiler at install)")
+    if choice not in (None, "native"):
+        from svmkit.errors import InvalidValueError
+
+        raise InvalidValueError(
+            f"host atomics backend must be 'native' or 'python', got {choice!r}"
+        )
+    return native  # type: ignore[no-any-return]

@@ -1,0 +1,521 @@
+/* svmkit._wqnative: the host side of sk.WorkQueue's ring, with real C11-style atomics.
+ *
+ * Optional: setup.py builds it when a C compiler is present; svmkit/_hostatomics.py has a
+ * pure-Python ring with the same methods and semantics.  Layout and protocol are those of
+ * kernels/svmkit_workqueue.h (Vyukov's bounded MPMC queue; bit 63 of tail = closed).
+ *
+ * Memory orders: slot seq loads are ACQUIRE, seq stores RELEASE (they carry the item);
+ * head/tail compare-exchanges are relaxed on the single-item path (as on the device) and
+ * the batch reservation reads head with ACQUIRE; close is a SEQ_CST fetch-or on tail.
+ * The GCC/Clang __atomic builtins emit the right instructions on every architecture.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#define CLOSED_BIT (UINT64_C(1) << 63)
+#define HEAD_OFF 0
+#define TAIL_OFF 64
+#define CLOSED_OFF 128
+#define HEADER_BYTES 256
+#define SLOT_BYTES 16
+
+typedef struct {
+    uint64_t seq;
+    unsigned char item[8];
+} slot_t;
+
+typedef struct {
+    PyObject_HEAD
+    uint64_t *head;
+    uint64_t *tail;
+    uint32_t *closed;
+    slot_t *slots;
+    uint64_t mask;
+    Py_ssize_t itemsize;
+    char kind; /* 'i' signed, 'u' unsigned, 'f' float, 'r' raw bits (Python converts) */
+} Ring;
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__) || defined(__arm__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static inline uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- item conversion ------------------------------------------------------------------ */
+
+static int to_bits(Ring *r, PyObject *obj, unsigned char *out)
+{
+    if (r->kind == 'f') {
+        double d = PyFloat_AsDouble(obj);
+        if (d == -1.0 && PyErr_Occurred())
+            return -1;
+        if (r->itemsize == 8) {
+            memcpy(out, &d, 8);
+        } else {
+            float f = (float)d;
+            memcpy(out, &f, 4);
+        }
+        return 0;
+    }
+    if (r->kind == 'i') {
+        long long v = PyLong_AsLongLong(obj);
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+        if (r->itemsize < 8) {
+            long long lim = 1LL << (8 * r->itemsize - 1);
+            if (v < -lim || v >= lim) {
+                PyErr_Format(PyExc_OverflowError, "Python integer %lld out of bounds for int%d",
+                             v, (int)(8 * r->itemsize));
+                return -1;
+            }
+        }
+        int8_t i8 = (int8_t)v;
+        int16_t i16 = (int16_t)v;
+        int32_t i32 = (int32_t)v;
+        switch (r->itemsize) {
+        case 1: memcpy(out, &i8, 1); break;
+        case 2: memcpy(out, &i16, 2); break;
+        case 4: memcpy(out, &i32, 4); break;
+        default: memcpy(out, &v, 8);
+        }
+        return 0;
+    }
+    /* 'u' and 'r' */
+    if (PyLong_Check(obj) && _PyLong_Sign(obj) < 0) {
+        PyErr_Format(PyExc_OverflowError, "Python integer %R out of bounds for uint%d", obj,
+                     (int)(8 * r->itemsize));
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    if (r->itemsize < 8 && (v >> (8 * r->itemsize)) != 0) {
+        PyErr_Format(PyExc_OverflowError, "Python integer %llu out of bounds for uint%d", v,
+                     (int)(8 * r->itemsize));
+        return -1;
+    }
+    uint8_t u8 = (uint8_t)v;
+    uint16_t u16 = (uint16_t)v;
+    uint32_t u32 = (uint32_t)v;
+    switch (r->itemsize) {
+    case 1: memcpy(out, &u8, 1); break;
+    case 2: memcpy(out, &u16, 2); break;
+    case 4: memcpy(out, &u32, 4); break;
+    default: memcpy(out, &v, 8);
+    }
+    return 0;
+}
+
+static PyObject *from_bits(Ring *r, const unsigned char *in)
+{
+    switch (r->kind) {
+    case 'f':
+        if (r->itemsize == 8) {
+            double d;
+            memcpy(&d, in, 8);
+            return PyFloat_FromDouble(d);
+        } else {
+            float f;
+            memcpy(&f, in, 4);
+            return PyFloat_FromDouble((double)f);
+        }
+    case 'i': {
+        int8_t i8; int16_t i16; int32_t i32; int64_t i64;
+        switch (r->itemsize) {
+        case 1: memcpy(&i8, in, 1); return PyLong_FromLong(i8);
+        case 2: memcpy(&i16, in, 2); return PyLong_FromLong(i16);
+        case 4: memcpy(&i32, in, 4); return PyLong_FromLong(i32);
+        default: memcpy(&i64, in, 8); return PyLong_FromLongLong(i64);
+        }
+    }
+    default: {
+        uint8_t u8; uint16_t u16; uint32_t u32; uint64_t u64;
+        switch (r->itemsize) {
+        case 1: memcpy(&u8, in, 1); return PyLong_FromUnsignedLong(u8);
+        case 2: memcpy(&u16, in, 2); return PyLong_FromUnsignedLong(u16);
+        case 4: memcpy(&u32, in, 4); return PyLong_FromUnsignedLong(u32);
+        default: memcpy(&u64, in, 8); return PyLong_FromUnsignedLongLong(u64);
+        }
+    }
+    }
+}
+
+/* ---- ring operations (no Python objects) ------------------------------------------------ */
+
+/* 1 pushed, 0 full, -1 closed */
+static int ring_try_push(Ring *r, const unsigned char *bits)
+{
+    uint64_t pos = __atomic_load_n(r->tail, __ATOMIC_RELAXED);
+    for (;;) {
+        if (pos & CLOSED_BIT)
+            return -1;
+        slot_t *s = &r->slots[pos & r->mask];
+        int64_t dif = (int64_t)(__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) - pos);
+        if (dif == 0) {
+            if (__atomic_compare_exchange_n(r->tail, &pos, pos + 1, 1, __ATOMIC_RELAXED,
+                                            __ATOMIC_RELAXED)) {
+                memcpy(s->item, bits, (size_t)r->itemsize);
+                __atomic_store_n(&s->seq, pos + 1, __ATOMIC_RELEASE);
+                return 1;
+            }
+        } else if (dif < 0) {
+            return 0;
+        } else {
+            pos = __atomic_load_n(r->tail, __ATOMIC_RELAXED);
+        }
+    }
+}
+
+/* 1 popped, 0 empty */
+static int ring_try_pop(Ring *r, unsigned char *bits)
+{
+    uint64_t pos = __atomic_load_n(r->head, __ATOMIC_RELAXED);
+    for (;;) {
+        slot_t *s = &r->slots[pos & r->mask];
+        int64_t dif = (int64_t)(__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) - (pos + 1));
+        if (dif == 0) {
+            if (__atomic_compare_exchange_n(r->head, &pos, pos + 1, 1, __ATOMIC_RELAXED,
+                                            __ATOMIC_RELAXED)) {
+                memcpy(bits, s->item, (size_t)r->itemsize);
+                __atomic_store_n(&s->seq, pos + r->mask + 1, __ATOMIC_RELEASE);
+                return 1;
+            }
+        } else if (dif < 0) {
+            return 0;
+        } else {
+            pos = __atomic_load_n(r->head, __ATOMIC_RELAXED);
+        }
+    }
+}
+
+/* Claim up to n free positions with one compare-exchange of tail: returns the count (0
+ * full, -1 closed) and the first position in *start. */
+static Py_ssize_t ring_reserve_push(Ring *r, Py_ssize_t n, uint64_t *start)
+{
+    uint64_t cap = r->mask + 1;
+    uint64_t pos = __atomic_load_n(r->tail, __ATOMIC_RELAXED);
+    for (;;) {
+        if (pos & CLOSED_BIT)
+            return -1;
+        uint64_t head = __atomic_load_n(r->head, __ATOMIC_ACQUIRE);
+        int64_t used = (int64_t)(pos - head);
+        if (used < 0) { /* our tail is older than head */
+            pos = __atomic_load_n(r->tail, __ATOMIC_RELAXED);
+            continue;
+        }
+        if ((uint64_t)used >= cap)
+            return 0;
+        uint64_t k = cap - (uint64_t)used;
+        if ((uint64_t)n < k)
+            k = (uint64_t)n;
+        if (__atomic_compare_exchange_n(r->tail, &pos, pos + k, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+            *start = pos;
+            return (Py_ssize_t)k;
+        }
+    }
+}
+
+/* Fill claimed positions [start, start+k): wait for last lap's consumer to free each slot
+ * (it claimed it already, so this never waits on a blocked agent), write, publish. */
+static void ring_fill(Ring *r, uint64_t start, Py_ssize_t k, const unsigned char *src)
+{
+    size_t isz = (size_t)r->itemsize;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        uint64_t pos = start + (uint64_t)i;
+        slot_t *s = &r->slots[pos & r->mask];
+        while (__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != pos)
+            cpu_relax();
+        memcpy(s->item, src + (size_t)i * isz, isz);
+        __atomic_store_n(&s->seq, pos + 1, __ATOMIC_RELEASE);
+    }
+}
+
+/* Claim the run of published items at head (at most n) with one compare-exchange. */
+static Py_ssize_t ring_reserve_pop(Ring *r, Py_ssize_t n, uint64_t *start)
+{
+    uint64_t pos = __atomic_load_n(r->head, __ATOMIC_RELAXED);
+    for (;;) {
+        Py_ssize_t k = 0;
+        while (k < n) {
+            uint64_t p = pos + (uint64_t)k;
+            uint64_t seq = __atomic_load_n(&r->slots[p & r->mask].seq, __ATOMIC_ACQUIRE);
+            if (seq != p + 1)
+                break;
+            k++;
+        }
+        if (k == 0) {
+            uint64_t seq = __atomic_load_n(&r->slots[pos & r->mask].seq, __ATOMIC_ACQUIRE);
+            if ((int64_t)(seq - (pos + 1)) > 0) { /* head moved on */
+                pos = __atomic_load_n(r->head, __ATOMIC_RELAXED);
+                continue;
+            }
+            return 0;
+        }
+        if (__atomic_compare_exchange_n(r->head, &pos, pos + (uint64_t)k, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+            *start = pos;
+            return k;
+        }
+    }
+}
+
+static void ring_drain_into(Ring *r, uint64_t start, Py_ssize_t k, unsigned char *dst)
+{
+    size_t isz = (size_t)r->itemsize;
+    uint64_t cap = r->mask + 1;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        uint64_t pos = start + (uint64_t)i;
+        slot_t *s = &r->slots[pos & r->mask];
+        memcpy(dst + (size_t)i * isz, s->item, isz);
+        __atomic_store_n(&s->seq, pos + cap, __ATOMIC_RELEASE);
+    }
+}
+
+static int ring_drained(Ring *r)
+{
+    uint64_t tail = __atomic_load_n(r->tail, __ATOMIC_ACQUIRE);
+    if (!(tail & CLOSED_BIT))
+        return 0;
+    uint64_t head = __atomic_load_n(r->head, __ATOMIC_ACQUIRE);
+    return (int64_t)(head - (tail & ~CLOSED_BIT)) >= 0;
+}
+
+/* ---- Python methods ----------------------------------------------------------------------- */
+
+static int Ring_init(Ring *self, PyObject *args, PyObject *kwds)
+{
+    unsigned long long address, capacity;
+    Py_ssize_t itemsize;
+    int kind;
+    static char *kwlist[] = {"address", "capacity", "itemsize", "kind", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKnC", kwlist, &address, &capacity,
+                                     &itemsize, &kind))
+        return -1;
+    if (capacity < 2 || (capacity & (capacity - 1)) || itemsize < 1 || itemsize > 8 ||
+        (kind != 'i' && kind != 'u' && kind != 'f' && kind != 'r') ||
+        (kind == 'f' && itemsize != 4 && itemsize != 8)) {
+        PyErr_SetString(PyExc_ValueError, "bad ring parameters");
+        return -1;
+    }
+    char *base = (char *)(uintptr_t)address;
+    self->head = (uint64_t *)(base + HEAD_OFF);
+    self->tail = (uint64_t *)(base + TAIL_OFF);
+    self->closed = (uint32_t *)(base + CLOSED_OFF);
+    self->slots = (slot_t *)(base + HEADER_BYTES);
+    self->mask = capacity - 1;
+    self->itemsize = itemsize;
+    self->kind = (char)kind;
+    return 0;
+}
+
+static PyObject *Ring_try_push(Ring *self, PyObject *item)
+{
+    unsigned char bits[8] = {0};
+    if (to_bits(self, item, bits) < 0)
+        return NULL;
+    return PyLong_FromLong(ring_try_push(self, bits));
+}
+
+static PyObject *Ring_try_pop(Ring *self, PyObject *Py_UNUSED(ignored))
+{
+    unsigned char bits[8];
+    if (!ring_try_pop(self, bits))
+        Py_RETURN_NONE;
+    return from_bits(self, bits);
+}
+
+static int get_contiguous(PyObject *obj, Py_buffer *view, int writable, Ring *self)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    if (view->len % self->itemsize) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "buffer size is not a multiple of the item size");
+        return -1;
+    }
+    return 0;
+}
+
+/* try_push_many(buffer, start) -> pushed count (0 full, -1 closed) from item `start` on */
+static PyObject *Ring_try_push_many(Ring *self, PyObject *args)
+{
+    PyObject *obj;
+    Py_ssize_t first;
+    if (!PyArg_ParseTuple(args, "On", &obj, &first))
+        return NULL;
+    Py_buffer view;
+    if (get_contiguous(obj, &view, 0, self) < 0)
+        return NULL;
+    Py_ssize_t n = view.len / self->itemsize - first;
+    Py_ssize_t k = 0;
+    if (n > 0) {
+        uint64_t start;
+        k = ring_reserve_push(self, n, &start);
+        if (k > 0) {
+            const unsigned char *src = (const unsigned char *)view.buf + first * self->itemsize;
+            if (k >= 512) {
+                Py_BEGIN_ALLOW_THREADS
+                ring_fill(self, start, k, src);
+                Py_END_ALLOW_THREADS
+            } else {
+                ring_fill(self, start, k, src);
+            }
+        }
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(k);
+}
+
+/* try_pop_many(buffer, start) -> popped count into buffer[start:] */
+static PyObject *Ring_try_pop_many(Ring *self, PyObject *args)
+{
+    PyObject *obj;
+    Py_ssize_t first;
+    if (!PyArg_ParseTuple(args, "On", &obj, &first))
+        return NULL;
+    Py_buffer view;
+    if (get_contiguous(obj, &view, 1, self) < 0)
+        return NULL;
+    Py_ssize_t n = view.len / self->itemsize - first;
+    Py_ssize_t k = 0;
+    if (n > 0) {
+        uint64_t start;
+        k = ring_reserve_pop(self, n, &start);
+        if (k > 0) {
+            unsigned char *dst = (unsigned char *)view.buf + first * self->itemsize;
+            if (k >= 512) {
+                Py_BEGIN_ALLOW_THREADS
+                ring_drain_into(self, start, k, dst);
+                Py_END_ALLOW_THREADS
+            } else {
+                ring_drain_into(self, start, k, dst);
+            }
+        }
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(k);
+}
+
+static PyObject *Ring_close(Ring *self, PyObject *Py_UNUSED(ignored))
+{
+    uint64_t old = __atomic_fetch_or(self->tail, CLOSED_BIT, __ATOMIC_SEQ_CST);
+    __atomic_store_n(self->closed, 1u, __ATOMIC_RELEASE);
+    return PyBool_FromLong(!(old & CLOSED_BIT));
+}
+
+static PyObject *Ring_closed(Ring *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyBool_FromLong((__atomic_load_n(self->tail, __ATOMIC_ACQUIRE) & CLOSED_BIT) != 0);
+}
+
+static PyObject *Ring_drained(Ring *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyBool_FromLong(ring_drained(self));
+}
+
+static PyObject *Ring_length(Ring *self, PyObject *Py_UNUSED(ignored))
+{
+    uint64_t head = __atomic_load_n(self->head, __ATOMIC_ACQUIRE);
+    uint64_t tail = __atomic_load_n(self->tail, __ATOMIC_ACQUIRE) & ~CLOSED_BIT;
+    int64_t n = (int64_t)(tail - head);
+    if (n < 0)
+        n = 0;
+    if ((uint64_t)n > self->mask + 1)
+        n = (int64_t)(self->mask + 1);
+    return PyLong_FromLongLong(n);
+}
+
+/* wait(for_pop, max_ns): spin without the GIL until the slot at head (for_pop) or tail
+ * changes state, the queue closes, or max_ns passed.  Returns nothing; callers retry. */
+static PyObject *Ring_wait(Ring *self, PyObject *args)
+{
+    int for_pop;
+    unsigned long long max_ns;
+    if (!PyArg_ParseTuple(args, "pK", &for_pop, &max_ns))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    uint64_t deadline = now_ns() + max_ns;
+    for (unsigned spins = 1;; spins++) {
+        if (__atomic_load_n(self->closed, __ATOMIC_ACQUIRE))
+            break;
+        if (for_pop) {
+            uint64_t pos = __atomic_load_n(self->head, __ATOMIC_RELAXED);
+            uint64_t seq = __atomic_load_n(&self->slots[pos & self->mask].seq,
+                                           __ATOMIC_ACQUIRE);
+            if ((int64_t)(seq - (pos + 1)) >= 0)
+                break;
+        } else {
+            uint64_t pos = __atomic_load_n(self->tail, __ATOMIC_RELAXED) & ~CLOSED_BIT;
+            uint64_t seq = __atomic_load_n(&self->slots[pos & self->mask].seq,
+                                           __ATOMIC_ACQUIRE);
+            if ((int64_t)(seq - pos) >= 0)
+                break;
+        }
+        cpu_relax();
+        if ((spins & 63) == 0 && now_ns() >= deadline)
+            break;
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Ring_methods[] = {
+    {"try_push", (PyCFunction)Ring_try_push, METH_O, "1 pushed, 0 full, -1 closed"},
+    {"try_pop", (PyCFunction)Ring_try_pop, METH_NOARGS, "the item, or None when empty"},
+    {"try_push_many", (PyCFunction)Ring_try_push_many, METH_VARARGS,
+     "push buffer[start:] with one reservation: count pushed, 0 full, -1 closed"},
+    {"try_pop_many", (PyCFunction)Ring_try_pop_many, METH_VARARGS,
+     "pop into buffer[start:] with one reservation: count popped"},
+    {"close", (PyCFunction)Ring_close, METH_NOARGS, "set the closed bit; True if it was open"},
+    {"closed", (PyCFunction)Ring_closed, METH_NOARGS, "whether the closed bit is set"},
+    {"drained", (PyCFunction)Ring_drained, METH_NOARGS, "closed and every item popped"},
+    {"length", (PyCFunction)Ring_length, METH_NOARGS, "items claimed but not yet popped"},
+    {"wait", (PyCFunction)Ring_wait, METH_VARARGS, "spin without the GIL for a change"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject RingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "svmkit._wqnative.Ring",
+    .tp_basicsize = sizeof(Ring),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Host operations on a svmkit work-queue ring at a fixed address.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Ring_init,
+    .tp_methods = Ring_methods,
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "_wqnative",
+    "Native host operations on svmkit work-queue rings (optional).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__wqnative(void)
+{
+    if (PyType_Ready(&RingType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&RingType);
+    if (PyModule_AddObject(m, "Ring", (PyObject *)&RingType) < 0) {
+        Py_DECREF(&RingType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,481 @@
+"""``sk.WorkQueue``: a bounded MPMC ring in fine-grain SVM that host and devices share.
+
+The OpenCL spec's own example of fine-grain SVM with atomics: "The host and a set of
+devices can simultaneously access and update a shared work-queue data structure holding
+work-items to be done.  The host can use atomic operations to insert new work-items into
+the queue at the same time as the devices using similar atomic operations to remove
+work-items for processing."  (spec section 5.6.2, fine-grain buffer SVM with atomics.)
+
+Layout (bytes; ``kernels/svmkit_workqueue.h`` defines the same ``svmkit_wq``)::
+
+      0  head    uint64   consumers' claim counter                   (own 64-byte line)
+     64  tail    uint64   producers' claim counter, bit 63 = closed  (own line)
+    128  closed  uint32   mirror of tail's bit 63 for idle readers   (own line)
+    192  mask uint64, capacity uint64, item_size uint32, magic uint32  (set once)
+    256  slots[capacity] of 16 bytes: seq uint64 at +0, item at +8
+
+Protocol: D. Vyukov's bounded MPMC queue.  Slot ``i`` starts with ``seq == i``.  A
+producer claims position ``p`` (compare-exchange of tail) once ``seq == p``, writes the
+item, then stores ``seq = p + 1`` with RELEASE; a consumer claims ``p`` (compare-exchange
+of head) once an ACQUIRE load gives ``seq == p + 1``, reads the item, then stores
+``seq = p + capacity`` with RELEASE.  Batches (``push_many``/``pop_many``) claim a run of
+positions with one compare-exchange, so the host pays one atomic per batch.  Closing is a
+fetch-or of bit 63 into tail: a claim in flight either precedes it (its item is drained)
+or fails, so no item is lost or popped twice; the queue is drained once closed and
+``head`` reached tail's position.
+
+Host atomics and orders: see :mod:`svmkit._hostatomics` (a C helper when it was built,
+else ctypes compare-exchanges plus NumPy loads and stores that are acquire/release on
+x86-64's total store order, and libatomic acquire/release calls on other hosts).
+
+Forward progress: a blocking device call (``wq_pop``, ``wq_push``) spins, and OpenCL gives
+work-items of one work-group no independent forward progress, so launch consumers with
+:func:`persistent_grid`: one work-item per work-group and no more work-groups than run at
+once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from svmkit import _hostatomics
+from svmkit._hostatomics import HEADER_BYTES, MAGIC, PARAMS_OFFSET, SLOT_BYTES
+from svmkit.array import SVMArray
+from svmkit.capabilities import device_label
+from svmkit.creation import empty
+from svmkit.errors import InvalidValueError, QueueClosed
+from svmkit.events import at_shutdown
+from svmkit.policy import Granularity, Policy
+
+__all__ = ["WorkQueue", "WorkQueueTimeout", "opencl_type", "persistent_grid"]
+
+log = logging.getLogger(__name__)
+
+_OPENCL_TYPES = {
+    "int8": "char",
+    "uint8": "uchar",
+    "int16": "short",
+    "uint16": "ushort",
+    "int32": "int",
+    "uint32": "uint",
+    "int64": "long",
+    "uint64": "ulong",
+    "float16": "half",
+    "float32": "float",
+    "float64": "double",
+    "complex64": "float2",
+    "bool": "uchar",
+}
+
+# Blocking waits: spin (the native helper spins without the GIL) for about a millisecond,
+# then sleep with a growing interval up to 1 ms.
+_SPIN_NS = 20_000
+_SPIN_ROUNDS = 50
+_MAX_SLEEP = 1e-3
+
+
+class WorkQueueTimeout(TimeoutError):
+    """A blocking work-queue call ran out of time; ``pushed`` leading items went in."""
+
+    def __init__(self, message: str, pushed: int = 0) -> None:
+        super().__init__(message)
+        self.pushed = pushed
+
+
+def opencl_type(dtype: Any) -> str:
+    """The OpenCL C type that holds items of ``dtype`` (``WQ_ITEM``): int64 -> ``long``."""
+    dt = np.dtype(dtype)
+    try:
+        return _OPENCL_TYPES[dt.name]
+    except KeyError:
+        raise InvalidValueError(
+            f"dtype must be a numeric type of at most 8 bytes, got {dt}"
+        ) from None
+
+
+def _check_dtype(dtype: Any) -> np.dtype[Any]:
+    try:
+        dt: np.dtype[Any] = np.dtype(dtype)
+    except TypeError as exc:
+        raise InvalidValueError(f"dtype must be a NumPy numeric type, got {dtype!r}") from exc
+    if dt.name not in _OPENCL_TYPES or not dt.isnative:
+        raise InvalidValueError(
+            f"dtype must be a native-order numeric type of at most 8 bytes, got {dt}"
+        )
+    return dt
+
+
+def _check_capacity(capacity: Any) -> int:
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+        raise InvalidValueError(f"capacity must be an int, got {capacity!r}")
+    cap = int(capacity)
+    if cap < 2 or cap & (cap - 1):
+        raise InvalidValueError(f"capacity must be a power of two >= 2, got {cap}")
+    return cap
+
+
+def _check_policy(policy: Policy | None) -> Policy:
+    if policy is None:
+        return Policy.fine(atomics=True)
+    if not isinstance(policy, Policy):
+        raise InvalidValueError(f"policy must be a svmkit.Policy, got {policy!r}")
+    if policy.granularity is Granularity.COARSE or not policy.atomics:
+        raise InvalidValueError(
+            f"a work queue needs fine-grain SVM with atomics (Policy.fine(atomics=True)), "
+            f"got {policy}"
+        )
+    return policy
+
+
+def _device_of(target: Any) -> cl.Device:
+    if isinstance(target, cl.Device):
+        return target
+    if isinstance(target, cl.CommandQueue):
+        return target.device
+    if isinstance(target, cl.Context):
+        if len(target.devices) != 1:
+            raise InvalidValueError(
+                "persistent_grid needs one device: pass the device or the queue the kernel "
+                f"runs on (the context has {len(target.devices)} devices)"
+            )
+        return target.devices[0]
+    raise InvalidValueError(f"expected a device, queue or context, got {target!r}")
+
+
+def persistent_grid(
+    target: cl.Device | cl.CommandQueue | cl.Context, *, host_threads: int = 0, local_size: int = 1
+) -> tuple[tuple[int], tuple[int]]:
+    """``(global_size, local_size)`` for a persistent kernel that blocks on a work queue.
+
+    OpenCL guarantees no forward progress between work-items of one work-group, and none
+    for work-groups that are not running (a work-group that waits for one that has not
+    started yet can wait forever).  So: one blocking work-item per work-group (keep
+    ``local_size=1`` unless only one work-item of each group blocks), and no more
+    work-groups than run at once: one per compute unit.  On a CPU device the compute units
+    are the host's cores, so ``host_threads`` of them (host producers or consumers that
+    spin too) are left to the host; at least one work-group is always used.
+    """
+    device = _device_of(target)
+    if host_threads < 0 or local_size < 1:
+        raise InvalidValueError(
+            f"host_threads must be >= 0 and local_size >= 1, got {host_threads}, {local_size}"
+        )
+    if local_size > device.max_work_group_size:
+        raise InvalidValueError(
+            f"local_size {local_size} exceeds {device_label(device)}'s max work-group size "
+            f"{device.max_work_group_size}"
+        )
+    groups = int(device.max_compute_units)
+    if device.type & cl.device_type.CPU:
+        groups -= host_threads
+    groups = max(1, groups)
+    return (groups * local_size,), (local_size,)
+
+
+_live: weakref.WeakSet[WorkQueue] = weakref.WeakSet()
+_live_lock = threading.Lock()
+
+
+def _close_all() -> None:
+    """At interpreter exit: close every live queue so blocked consumer kernels end."""
+    with _live_lock:
+        queues = list(_live)
+    for wq in queues:
+        try:
+            wq.close()
+        except Exception:
+            log.exception("closing a work queue at exit failed")
+
+
+at_shutdown(_close_all)
+
+
+def _backoff(ring: _hostatomics.RingOps, for_pop: bool, round_: int) -> None:
+    if round_ < _SPIN_ROUNDS:
+        ring.wait(for_pop, _SPIN_NS)
+    else:
+        time.sleep(min(_MAX_SLEEP, 1e-5 * (round_ - _SPIN_ROUNDS + 1)))
+
+
+def _expired(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+class WorkQueue:
+    """A bounded multi-producer multi-consumer queue in fine-grain SVM with atomics.
+
+    Parameters
+    ----------
+    ctx:
+        Every device of the context (and the host) may push and pop.
+    capacity:
+        Number of slots, a power of two >= 2.
+    dtype:
+        Item type, numeric, at most 8 bytes; kernels set ``WQ_ITEM`` to the matching
+        OpenCL C type (``wq.defines`` gives it for ``sk.build_program``).
+    policy:
+        ``Policy.fine(atomics=True)`` (default) or a SYSTEM policy with atomics.
+
+    Raises
+    ------
+    UnsupportedError
+        A device of ``ctx`` lacks fine-grain buffer SVM or SVM atomics (names the device).
+    InvalidValueError
+        Bad capacity, dtype or policy.
+    """
+
+    def __init__(
+        self,
+        ctx: cl.Context,
+        capacity: int,
+        dtype: Any = np.int64,
+        *,
+        policy: Policy | None = None,
+        backend: str | None = None,
+    ) -> None:
+        cap = _check_capacity(capacity)
+        dt = _check_dtype(dtype)
+        pol = _check_policy(policy)
+        pol.check(ctx)  # UnsupportedError naming each device that lacks FINE/atomics
+        ring_type = _hostatomics.ring_class(backend)
+        self._context = ctx
+        self._capacity = cap
+        self._dtype = dt
+        self._array: SVMArray = empty(ctx, HEADER_BYTES + cap * SLOT_BYTES, np.uint8, policy=pol)
+        raw = self._array.host
+        raw[:HEADER_BYTES] = 0
+        params = raw[PARAMS_OFFSET : PARAMS_OFFSET + 24]
+        params[:16].view(np.uint64)[:] = (cap - 1, cap)
+        params[16:].view(np.uint32)[:] = (dt.itemsize, MAGIC)
+        raw[HEADER_BYTES:].view(np.uint64)[::2] = np.arange(cap, dtype=np.uint64)
+        raw[HEADER_BYTES:].view(np.uint64)[1::2] = 0
+        direct = dt.kind in "iu" or dt.name in ("float32", "float64")
+        kind = dt.kind if direct else "r"
+        self._raw_dtype: np.dtype[Any] = dt if direct else np.dtype(f"u{dt.itemsize}")
+        self._encode: Callable[[Any], Any] | None = None if direct else self._to_bits
+        self._ring: _hostatomics.RingOps = ring_type(self._array.ptr, cap, dt.itemsize, kind)
+        self.backend = "python" if ring_type is _hostatomics.PyRing else "native"
+        self._scalar: Callable[[Any], Any] = dt.type if direct else self._from_bits
+        with _live_lock:
+            _live.add(self)
+
+    # --- conversions for items the ring stores as raw bits (bool, float16, complex64) ---
+    def _to_bits(self, item: Any) -> int:
+        return int(np.asarray(item, self._dtype).reshape(()).view(self._raw_dtype))
+
+    def _from_bits(self, bits: Any) -> Any:
+        return np.asarray(bits, self._raw_dtype).view(self._dtype)[()]
+
+    def _coerce(self, item: Any) -> Any:
+        """NumPy's conversion of ``item`` to ``dtype``, as a Python number."""
+        return self._dtype.type(item).item()
+
+    # --- public properties ------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """Number of slots."""
+        return self._capacity
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """Item type."""
+        return self._dtype
+
+    @property
+    def context(self) -> cl.Context:
+        return self._context
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (by the host or through the shared memory)."""
+        return bool(self._ring.closed())
+
+    def __len__(self) -> int:
+        """Items pushed (or being pushed) and not yet popped, at the moment of the call."""
+        return int(self._ring.length())
+
+    @property
+    def kernel_arg(self) -> SVMArray:
+        """The argument PyOpenCL accepts for a ``__global svmkit_wq *`` kernel parameter."""
+        return self._array
+
+    @property
+    def svm_pointers(self) -> tuple[int, ...]:
+        """Addresses to register with ``CL_KERNEL_EXEC_INFO_SVM_PTRS`` (the ring)."""
+        return (self._array.ptr,)
+
+    @property
+    def defines(self) -> dict[str, str]:
+        """``{"WQ_ITEM": <OpenCL C type of dtype>}`` for :func:`svmkit.build_program`."""
+        return {"WQ_ITEM": opencl_type(self._dtype)}
+
+    def record(self, event: cl.Event) -> None:
+        """Remember a command that uses the ring: its memory is freed only after it ends."""
+        self._array.record(event)
+
+    # --- host operations --------------------------------------------------------------
+    def push(self, item: Any, timeout: float | None = None) -> None:
+        """Push one item, blocking while the queue is full.
+
+        Raises :class:`~svmkit.QueueClosed` after :meth:`close`, and a
+        :class:`TimeoutError` (``.pushed == 0``) when ``timeout`` seconds passed.
+        """
+        if self._encode is not None:
+            item = self._encode(item)
+        ring = self._ring
+        try:
+            status = ring.try_push(item)
+        except TypeError:
+            item = self._coerce(item)
+            status = ring.try_push(item)
+        if status != 1:
+            self._push_slow(item, status, timeout)
+
+    def _push_slow(self, item: Any, status: int, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ring = self._ring
+        round_ = 0
+        while status != 1:
+            if status < 0:
+                raise QueueClosed("push on a closed work queue")
+            if _expired(deadline):
+                raise WorkQueueTimeout(
+                    f"push timed out after {timeout} s: the queue stayed full", pushed=0
+                )
+            _backoff(ring, False, round_)
+            round_ += 1
+            status = ring.try_push(item)
+
+    def push_many(self, array: Any, timeout: float | None = None) -> None:
+        """Push every item of ``array`` (flattened) in order, blocking while full.
+
+        Each call claims as many free slots as it can with one atomic operation.  On
+        timeout raises :class:`TimeoutError` whose ``.pushed`` counts the leading items
+        that went in; after :meth:`close`, :class:`~svmkit.QueueClosed` (``.pushed``
+        likewise).
+        """
+        src = np.ascontiguousarray(array, dtype=self._dtype).reshape(-1)
+        if self._encode is not None:
+            src = src.view(self._raw_dtype)
+        n = len(src)
+        ring = self._ring
+        done = 0
+        deadline: float | None = None
+        round_ = 0
+        while done < n:
+            k = ring.try_push_many(src, done)
+            if k > 0:
+                done += k
+                round_ = 0
+                continue
+            if k < 0:
+                err = QueueClosed(f"push_many on a closed work queue ({done} of {n} items went in)")
+                err.pushed = done  # type: ignore[attr-defined]
+                raise err
+            if timeout is not None:
+                if deadline is None:
+                    deadline = time.monotonic() + timeout
+                elif _expired(deadline):
+                    raise WorkQueueTimeout(
+                        f"push_many timed out after {timeout} s with {done} of {n} items pushed",
+                        pushed=done,
+                    )
+            _backoff(ring, False, round_)
+            round_ += 1
+
+    def pop(self, timeout: float | None = None) -> Any:
+        """Pop one item (a NumPy scalar of ``dtype``), blocking while the queue is empty.
+
+        Raises :class:`~svmkit.QueueClosed` once the queue is closed and drained, and
+        :class:`TimeoutError` when ``timeout`` seconds passed.
+        """
+        value = self._ring.try_pop()
+        if value is None:
+            value = self._pop_slow(timeout)
+        return self._scalar(value)
+
+    def _pop_slow(self, timeout: float | None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ring = self._ring
+        round_ = 0
+        while True:
+            if ring.drained():
+                raise QueueClosed("pop on a closed and drained work queue")
+            if _expired(deadline):
+                raise WorkQueueTimeout(f"pop timed out after {timeout} s: the queue stayed empty")
+            _backoff(ring, True, round_)
+            round_ += 1
+            value = ring.try_pop()
+            if value is not None:
+                return value
+
+    def pop_many(self, n: int, timeout: float | None = None) -> np.ndarray[Any, Any]:
+        """Pop up to ``n`` items into a new 1-D array of ``dtype``.
+
+        Blocks until ``n`` items were popped or the queue is closed and drained (then
+        fewer, possibly none).  On timeout returns what it has, or raises
+        :class:`TimeoutError` if that is nothing.
+        """
+        if n < 0:
+            raise InvalidValueError(f"n must be >= 0, got {n}")
+        out = np.empty(n, self._dtype)
+        view = out.view(self._raw_dtype)
+        ring = self._ring
+        deadline = None if timeout is None else time.monotonic() + timeout
+        got = 0
+        round_ = 0
+        while got < n:
+            k = ring.try_pop_many(view, got)
+            if k > 0:
+                got += k
+                round_ = 0
+                continue
+            if ring.drained():
+                break
+            if _expired(deadline):
+                if got == 0:
+                    raise WorkQueueTimeout(
+                        f"pop_many timed out after {timeout} s: the queue stayed empty"
+                    )
+                break
+            _backoff(ring, True, round_)
+            round_ += 1
+        return out[:got]
+
+    def close(self) -> None:
+        """Close the queue: pushes fail from now on; pops drain what is left.
+
+        Device ``wq_pop`` returns false once the queue is drained, so persistent consumer
+        kernels end.  Idempotent.
+        """
+        if not self._array.freed:
+            self._ring.close()
+
+    def __enter__(self) -> WorkQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Kernels still blocked on the ring end once it is closed; the ring's memory is
+        # freed after the commands recorded on it (see record()).
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return (
+            f"<WorkQueue capacity={self._capacity} dtype={self._dtype} len={len(self)} "
+            f"{state} at {self._array.ptr:#x}>"
+        )
