@@ -30,6 +30,7 @@ from svmkit.resources import (
     current_resource,
     use_resource,
 )
+from svmkit.workqueue import WorkQueue, persistent_grid
 
 __version__ = "0.1.0"
 
@@ -51,6 +52,7 @@ __all__ = [
     "SVMResource",
     "UnsupportedError",
     "UseAfterFreeError",
+    "WorkQueue",
     "__version__",
     "asarray",
     "build_program",
@@ -67,6 +69,7 @@ __all__ = [
     "mapped",
     "migrate",
     "ones",
+    "persistent_grid",
     "use_resource",
     "zeros",
     "zeros_like",
