@@ -140,6 +140,8 @@ class Allocation:
         self.resource.deallocate(self)
 
     def __del__(self) -> None:
+        if self.freed:
+            return
         try:
             self.free()
         except Exception:  # never raise from a finaliser (interpreter may be exiting)
