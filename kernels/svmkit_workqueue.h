@@ -15,6 +15,8 @@
  *   bool wq_pop(q, &item)       blocks while empty; false once closed and drained
  *   bool wq_try_push(q, item)   false if full or closed (nothing waits)
  *   bool wq_try_pop(q, &item)   false if nothing is there now
+ * and beyond it: void wq_close(q) (as WorkQueue.close(), e.g. when the last task ends) and
+ * bool wq_drained(q) (closed and every item popped).
  *
  * Forward progress: OpenCL promises none between work-items of one work-group, so a
  * work-item that may block (wq_pop, wq_push) must be alone in its work-group or the only
@@ -180,6 +182,13 @@ inline bool wq_pop(__global svmkit_wq *q, WQ_ITEM *item)
         if (wq_drained(q))
             return false;
     }
+}
+
+/* Close from a device (as WorkQueue.close()): pushes fail, pops drain what is left. */
+inline void wq_close(__global svmkit_wq *q)
+{
+    atomic_fetch_or_explicit(&q->tail, SVMKIT_WQ_CLOSED, memory_order_acq_rel, SVMKIT_SCOPE);
+    svmkit_store_release(&q->closed, 1u);
 }
 
 #endif /* SVMKIT_WORKQUEUE_H */

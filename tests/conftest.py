@@ -79,3 +79,13 @@ def two_device_ctx() -> cl.Context:
 def host_copy(a: sk.SVMArray) -> np.ndarray:
     """The array's contents read back through the device (a.get())."""
     return a.get()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``stress`` tests run only when asked for (``-m stress``); they are deselected otherwise."""
+    if "stress" in (config.getoption("markexpr") or ""):
+        return
+    keep = [item for item in items if item.get_closest_marker("stress") is None]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep

@@ -1,0 +1,706 @@
+"""sk.WorkQueue: validation, host semantics, and exactly-once delivery between host threads
+and running kernels (host -> device, device -> host, device -> device with dynamic spawning),
+on one and two devices, with the native host helper and the pure-Python ring.
+
+The long variant (10^7 items) is marked ``stress``:
+``python -m pytest tests/test_workqueue.py -m stress -q``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+import svmkit as sk
+from svmkit import _hostatomics
+from svmkit.workqueue import WorkQueueTimeout, opencl_type
+
+pytestmark = pytest.mark.needs("fine", "atomics")
+
+KERNELS = r"""
+#include "svmkit_workqueue.h"
+
+/* Pop until the queue is closed and drained; every item lands at a unique index. */
+__kernel void consume(__global svmkit_wq *q, __global WQ_ITEM *out, __global atomic_int *n)
+{
+    WQ_ITEM item;
+    while (wq_pop(q, &item)) {
+        int i = atomic_fetch_add_explicit(n, 1, memory_order_relaxed, SVMKIT_SCOPE);
+        out[i] = item;
+    }
+}
+
+/* Work-item g pushes first + g * per_item + [0, per_item). */
+__kernel void produce(__global svmkit_wq *q, long first, int per_item,
+                      __global atomic_int *refused)
+{
+    long base = first + (long)get_global_id(0) * per_item;
+    for (int i = 0; i < per_item; i++)
+        if (!wq_push(q, (WQ_ITEM)(base + i)))
+            atomic_fetch_add_explicit(refused, 1, memory_order_relaxed, SVMKIT_SCOPE);
+}
+
+/* Dynamic spawning: task v (1 <= v < limit) has children 2v and 2v + 1.  A child goes back
+ * to the queue with wq_try_push, or is done inline when the ring is full.  The work-item
+ * that finishes the last outstanding task closes the queue. */
+__kernel void spawn(__global svmkit_wq *q, long limit, __global atomic_int *seen,
+                    __global atomic_long *outstanding)
+{
+    WQ_ITEM item;
+    while (wq_pop(q, &item)) {
+        long stack[64];
+        int top = 0;
+        stack[top++] = (long)item;
+        while (top) {
+            long v = stack[--top];
+            atomic_fetch_add_explicit(&seen[v], 1, memory_order_relaxed, SVMKIT_SCOPE);
+            for (long c = 2 * v; c <= 2 * v + 1; c++) {
+                if (c >= limit)
+                    continue;
+                atomic_fetch_add_explicit(outstanding, 1, memory_order_relaxed, SVMKIT_SCOPE);
+                if (!wq_try_push(q, (WQ_ITEM)c)) {
+                    atomic_fetch_sub_explicit(outstanding, 1, memory_order_relaxed,
+                                              SVMKIT_SCOPE);
+                    stack[top++] = c;
+                }
+            }
+        }
+        if (atomic_fetch_sub_explicit(outstanding, 1, memory_order_acq_rel, SVMKIT_SCOPE) == 1)
+            wq_close(q);
+    }
+}
+
+/* Sum of every item (float or integer), for typed queues. */
+__kernel void total(__global svmkit_wq *q, __global double *sums)
+{
+    WQ_ITEM item;
+    double s = 0;
+    while (wq_pop(q, &item))
+        s += (double)item;
+    sums[get_global_id(0)] = s;
+}
+"""
+
+_programs: dict[tuple[Any, str], cl.Program] = {}
+
+
+def program(ctx: cl.Context, item: str = "long") -> cl.Program:
+    key = (ctx, item)
+    if key not in _programs:
+        _programs[key] = sk.build_program(ctx, KERNELS, defines={"WQ_ITEM": item})
+    return _programs[key]
+
+
+def kernel(ctx: cl.Context, name: str, item: str = "long") -> cl.Kernel:
+    """A new kernel object (each launch owns its arguments)."""
+    return cl.Kernel(program(ctx, item), name)
+
+
+@pytest.fixture(params=_hostatomics.available_backends())
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each host-atomics implementation available (native C helper, pure Python)."""
+    return str(request.param)
+
+
+def finish(events: list[cl.Event], wq: sk.WorkQueue, timeout: float = 60.0) -> None:
+    """Wait for kernels; on a hang close the queue (so they end) and fail."""
+    deadline = time.monotonic() + timeout
+    while not all(
+        e.command_execution_status == cl.command_execution_status.COMPLETE for e in events
+    ):
+        if time.monotonic() > deadline:
+            wq.close()
+            cl.wait_for_events(events)
+            pytest.fail(f"kernels did not finish within {timeout} s")
+        time.sleep(0.002)
+
+
+def run_threads(target: Callable[[int], None], count: int) -> None:
+    errors: list[BaseException] = []
+
+    def body(i: int) -> None:
+        try:
+            target(i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+        assert not t.is_alive(), "a host thread hung"
+    if errors:
+        raise errors[0]
+
+
+def fine_zeros(ctx: cl.Context, n: int, dtype: Any) -> sk.SVMArray:
+    return sk.zeros(ctx, n, dtype, policy=sk.Policy.fine(atomics=True))
+
+
+# --- construction and validation -------------------------------------------------------
+
+
+@pytest.mark.parametrize("capacity", [0, 1, 3, 100, -4, 2.0, True])
+def test_capacity_must_be_power_of_two(ctx: cl.Context, capacity: Any) -> None:
+    with pytest.raises(sk.InvalidValueError, match="capacity") as info:
+        sk.WorkQueue(ctx, capacity)
+    assert info.value.cl_error == "CL_INVALID_VALUE"
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.float128, object, "S4", ">i8", "V8"])
+def test_dtype_must_be_small_native_numeric(ctx: cl.Context, dtype: Any) -> None:
+    with pytest.raises(sk.InvalidValueError, match="dtype") as info:
+        sk.WorkQueue(ctx, 8, dtype)
+    assert info.value.cl_error == "CL_INVALID_VALUE"
+
+
+@pytest.mark.parametrize("policy", [sk.Policy.coarse(), sk.Policy.fine()])
+def test_policy_needs_fine_grain_atomics(ctx: cl.Context, policy: sk.Policy) -> None:
+    with pytest.raises(sk.InvalidValueError, match="fine-grain SVM with atomics"):
+        sk.WorkQueue(ctx, 8, policy=policy)
+
+
+@pytest.mark.parametrize("lacking", ["fine_grain_buffer", "atomics"])
+def test_unsupported_device_is_named(
+    ctx: cl.Context, monkeypatch: pytest.MonkeyPatch, lacking: str
+) -> None:
+    # No available device lacks these, so fake the capability query (not the memory).
+    import svmkit.policy as policy_module
+
+    real = sk.capabilities(ctx)
+    fake_dev = dataclasses.replace(real.devices[0], name="Fake Coarse GPU", **{lacking: False})
+    fake = dataclasses.replace(real, devices=(fake_dev,), **{lacking: False})
+    monkeypatch.setattr(policy_module, "capabilities", lambda _ctx: fake)
+    with pytest.raises(sk.UnsupportedError, match="Fake Coarse GPU") as info:
+        sk.WorkQueue(ctx, 8)
+    assert "fine-grain buffer SVM" in str(info.value) or "SVM atomics" in str(info.value)
+    assert info.value.cl_error is None
+
+
+def test_properties_and_layout(ctx: cl.Context, backend: str) -> None:
+    wq = sk.WorkQueue(ctx, 16, np.int32, backend=backend)
+    assert wq.capacity == 16 and wq.dtype == np.int32 and len(wq) == 0 and not wq.closed
+    assert wq.defines == {"WQ_ITEM": "int"}
+    assert wq.svm_pointers == (wq.kernel_arg.ptr,)
+    assert isinstance(wq.kernel_arg, cl.SVM)
+    words = wq.kernel_arg.host.view(np.uint64)
+    assert words[24] == 15 and words[25] == 16  # mask, capacity at byte 192
+    assert list(words[32::2][:4]) == [0, 1, 2, 3]  # slot seq starts at the slot index
+    wq.push(7)
+    assert len(wq) == 1 and words[32 + 1] & 0xFFFFFFFF == 7  # item at slot + 8
+    assert "capacity=16" in repr(wq)
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        "int64",
+        "int32",
+        "uint8",
+        "int8",
+        "uint16",
+        "uint64",
+        "float32",
+        "float64",
+        "float16",
+        "complex64",
+        "bool",
+    ],
+)
+def test_round_trip_every_dtype(ctx: cl.Context, backend: str, dtype: str) -> None:
+    dt = np.dtype(dtype)
+    wq = sk.WorkQueue(ctx, 8, dt, backend=backend)
+    if dt.kind == "c":
+        values = np.array([1 + 2j, -3.5 + 0.25j, 0], dt)
+    elif dt.kind == "b":
+        values = np.array([True, False, True])
+    elif dt.kind == "f":
+        values = np.array([1.5, -2.25, np.finfo(dt).max], dt)
+    else:
+        info = np.iinfo(dt)
+        values = np.array([info.min, info.max, 1], dt)
+    wq.push(values[0])
+    wq.push_many(values[1:])
+    first = wq.pop()
+    assert isinstance(first, np.generic) and first.dtype == dt
+    rest = wq.pop_many(2)
+    assert rest.dtype == dt
+    np.testing.assert_array_equal(np.r_[first, rest], values)
+    assert opencl_type(dt) == wq.defines["WQ_ITEM"]
+
+
+def test_conversion_follows_numpy(ctx: cl.Context, backend: str) -> None:
+    wq = sk.WorkQueue(ctx, 8, np.uint8, backend=backend)
+    with pytest.raises(OverflowError):
+        wq.push(300)
+    with pytest.raises(OverflowError):
+        wq.push(-1)
+    assert len(wq) == 0  # a failed conversion claims no slot
+    wi = sk.WorkQueue(ctx, 8, np.int64, backend=backend)
+    wi.push(2.75)  # NumPy's int64(2.75)
+    wi.push(np.int16(-5))
+    assert wi.pop() == 2 and wi.pop() == -5
+
+
+def test_fifo_full_timeout_and_close(ctx: cl.Context, backend: str) -> None:
+    wq = sk.WorkQueue(ctx, 4, backend=backend)
+    for i in range(4):
+        wq.push(i)
+    assert len(wq) == 4
+    with pytest.raises(TimeoutError) as info:
+        wq.push(99, timeout=0.01)
+    assert info.value.pushed == 0  # type: ignore[attr-defined]
+    assert [int(wq.pop()) for _ in range(2)] == [0, 1]
+    with pytest.raises(TimeoutError) as many:
+        wq.push_many(np.arange(10, 15), timeout=0.02)
+    assert isinstance(many.value, WorkQueueTimeout) and many.value.pushed == 2
+    assert list(wq.pop_many(10, timeout=0.01)) == [2, 3, 10, 11]
+    with pytest.raises(TimeoutError):
+        wq.pop(timeout=0.01)
+    with pytest.raises(TimeoutError):
+        wq.pop_many(3, timeout=0.01)
+    wq.push_many([5, 6])
+    wq.close()
+    wq.close()  # idempotent
+    assert wq.closed
+    with pytest.raises(sk.QueueClosed) as closed:
+        wq.push(1)
+    assert closed.value.cl_error is None
+    with pytest.raises(sk.QueueClosed):
+        wq.push_many([1, 2])
+    assert wq.pop() == 5
+    assert list(wq.pop_many(5)) == [6]  # closed and drained: fewer, without waiting
+    assert len(wq.pop_many(5)) == 0
+    with pytest.raises(sk.QueueClosed):
+        wq.pop()
+
+
+def test_close_wakes_blocked_host_pop(ctx: cl.Context, backend: str) -> None:
+    wq = sk.WorkQueue(ctx, 4, backend=backend)
+    outcome: list[Any] = []
+
+    def consumer(_: int) -> None:
+        try:
+            wq.pop(timeout=30)
+        except sk.QueueClosed as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=consumer, args=(0,))
+    t.start()
+    time.sleep(0.05)
+    wq.close()
+    t.join(10)
+    assert not t.is_alive() and len(outcome) == 1
+
+
+def _host_exactly_once(wq: sk.WorkQueue, producers: int, consumers: int, per: int) -> None:
+    popped: list[np.ndarray] = []
+    lock = threading.Lock()
+    done = threading.Barrier(producers + 1)
+
+    def produce(i: int) -> None:
+        items = np.arange(i * per, (i + 1) * per, dtype=np.int64)
+        rng = np.random.default_rng(i)
+        j = 0
+        while j < per:
+            if rng.random() < 0.3:
+                wq.push(items[j])
+                j += 1
+            else:
+                k = int(rng.integers(1, 40))
+                wq.push_many(items[j : j + k])
+                j += k
+        done.wait()
+
+    def consume(i: int) -> None:
+        mine = []
+        rng = np.random.default_rng(100 + i)
+        while True:
+            if rng.random() < 0.5:
+                try:
+                    mine.append(np.array([wq.pop()]))
+                except sk.QueueClosed:
+                    break
+            else:
+                got = wq.pop_many(int(rng.integers(1, 50)))
+                mine.append(got)
+                if len(got) == 0 and wq.closed:
+                    break
+        with lock:
+            popped.extend(mine)
+
+    def closer(_: int) -> None:
+        done.wait()
+        wq.close()
+
+    run_threads(
+        lambda i: (
+            produce(i)
+            if i < producers
+            else (consume(i) if i < producers + consumers else closer(i))
+        ),
+        producers + consumers + 1,
+    )
+    result = np.sort(np.concatenate(popped))
+    np.testing.assert_array_equal(result, np.arange(producers * per))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_host_threads_exactly_once(ctx: cl.Context, backend: str, threads: int) -> None:
+    wq = sk.WorkQueue(ctx, 16, backend=backend)
+    _host_exactly_once(wq, threads, threads, 3000)
+
+
+@pytest.mark.parametrize("variant", ["per-item-acquire-release", "x86-thunk"])
+def test_python_ring_variants(
+    ctx: cl.Context, variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pure-Python ring's non-TSO path (one libatomic acquire/release per seq) and its
+    compiler-free x86-64 compare-exchange, under the same host exactly-once test."""
+    if variant == "x86-thunk":
+        provider = _hostatomics._x86_thunk()
+        if provider is None:
+            pytest.skip("the lock cmpxchg routine is x86-64 only")
+        kwargs: dict[str, Any] = {"provider": provider}
+    else:
+        kwargs = {"tso": False}
+    made: list[_hostatomics.PyRing] = []
+
+    def ring(*args: Any) -> _hostatomics.PyRing:
+        made.append(_hostatomics.PyRing(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(_hostatomics, "ring_class", lambda backend=None: ring)
+    wq = sk.WorkQueue(ctx, 8)
+    assert made and wq._ring is made[0]
+    _host_exactly_once(wq, 2, 2, 1500)
+
+
+def test_thunk_compare_exchange_semantics() -> None:
+    provider = _hostatomics._x86_thunk()
+    if provider is None:
+        pytest.skip("the lock cmpxchg routine is x86-64 only")
+    word = np.zeros(1, np.uint64)
+    addr = word.ctypes.data
+    assert provider.cas(addr, 0, 5) == 0 and word[0] == 5
+    assert provider.cas(addr, 3, 9) == 5 and word[0] == 5  # mismatch leaves it
+    assert provider.cas(addr, 5, 2**63 + 1) == 5 and word[0] == 2**63 + 1
+
+
+# --- host <-> device -----------------------------------------------------------------------
+
+
+def _launch_consumers(
+    ctx: cl.Context,
+    queues: list[cl.CommandQueue],
+    wq: sk.WorkQueue,
+    out: sk.SVMArray,
+    count: sk.SVMArray,
+    host_threads: int,
+) -> list[cl.Event]:
+    events = []
+    for queue in queues:
+        gs, ls = sk.persistent_grid(queue, host_threads=host_threads)
+        events.append(sk.launch(queue, kernel(ctx, "consume"), gs, ls, wq, out, count))
+        queue.flush()
+    return events
+
+
+def _host_to_device(
+    ctx: cl.Context, queues: list[cl.CommandQueue], backend: str, threads: int, per: int
+) -> None:
+    wq = sk.WorkQueue(ctx, 64, backend=backend)
+    total = threads * per
+    out = fine_zeros(ctx, total, np.int64)
+    count = fine_zeros(ctx, 1, np.int32)
+    events = _launch_consumers(ctx, queues, wq, out, count, threads)
+
+    def produce(i: int) -> None:
+        items = np.arange(i * per, (i + 1) * per, dtype=np.int64)
+        rng = np.random.default_rng(i)
+        j = 0
+        while j < per:
+            k = int(rng.choice([1, 1, 7, 64, 300]))
+            if k == 1:
+                wq.push(int(items[j]))
+            else:
+                wq.push_many(items[j : j + k])
+            j += k
+
+    run_threads(produce, threads)
+    wq.close()
+    finish(events, wq)
+    assert count.host[0] == total
+    np.testing.assert_array_equal(np.sort(out.host), np.arange(total))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_host_producers_device_consumers(ctx: cl.Context, backend: str, threads: int) -> None:
+    _host_to_device(ctx, [cl.CommandQueue(ctx)], backend, threads, 20000 // threads)
+
+
+def test_host_producers_two_devices(two_device_ctx: cl.Context, backend: str) -> None:
+    ctx = two_device_ctx
+    _host_to_device(ctx, [cl.CommandQueue(ctx, d) for d in ctx.devices], backend, 2, 10000)
+
+
+def _device_to_host(
+    ctx: cl.Context, queues: list[cl.CommandQueue], backend: str, threads: int, per_item: int
+) -> None:
+    wq = sk.WorkQueue(ctx, 32, backend=backend)
+    refused = fine_zeros(ctx, 1, np.int32)
+    events = []
+    first = 0
+    for queue in queues:
+        gs, ls = sk.persistent_grid(queue, host_threads=threads)
+        events.append(
+            sk.launch(
+                queue,
+                kernel(ctx, "produce"),
+                gs,
+                ls,
+                wq,
+                np.int64(first),
+                np.int32(per_item),
+                refused,
+            )
+        )
+        queue.flush()
+        first += gs[0] * per_item
+    total = first
+    popped: list[np.ndarray] = []
+    lock = threading.Lock()
+
+    def consume(i: int) -> None:
+        mine = []
+        while True:
+            got = wq.pop_many(int(1 + 37 * i))
+            if len(got) == 0:
+                break
+            mine.append(got)
+        with lock:
+            popped.extend(mine)
+
+    def closer() -> None:
+        finish(events, wq)
+        wq.close()
+
+    watcher = threading.Thread(target=closer)
+    watcher.start()
+    run_threads(consume, threads)
+    watcher.join()
+    assert refused.host[0] == 0
+    np.testing.assert_array_equal(np.sort(np.concatenate(popped)), np.arange(total))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_device_producers_host_consumers(ctx: cl.Context, backend: str, threads: int) -> None:
+    _device_to_host(ctx, [cl.CommandQueue(ctx)], backend, threads, 5000)
+
+
+def test_device_producers_two_devices(two_device_ctx: cl.Context, backend: str) -> None:
+    ctx = two_device_ctx
+    _device_to_host(ctx, [cl.CommandQueue(ctx, d) for d in ctx.devices], backend, 2, 4000)
+
+
+def _spawn(ctx: cl.Context, queues: list[cl.CommandQueue], limit: int, capacity: int) -> None:
+    wq = sk.WorkQueue(ctx, capacity)
+    seen = fine_zeros(ctx, limit, np.int32)
+    outstanding = fine_zeros(ctx, 1, np.int64)
+    outstanding.host[0] = 1
+    wq.push(1)  # the root task
+    events = []
+    for queue in queues:
+        gs, ls = sk.persistent_grid(queue)
+        events.append(
+            sk.launch(queue, kernel(ctx, "spawn"), gs, ls, wq, np.int64(limit), seen, outstanding)
+        )
+        queue.flush()
+    finish(events, wq)
+    assert wq.closed and len(wq) == 0 and outstanding.host[0] == 0
+    expected = np.ones(limit, np.int32)
+    expected[0] = 0
+    np.testing.assert_array_equal(seen.host, expected)  # each task exactly once
+
+
+@pytest.mark.parametrize("capacity", [4, 1024])
+def test_dynamic_spawning(ctx: cl.Context, capacity: int) -> None:
+    """Work-items push new tasks other work-items pop; a small ring forces inline work."""
+    _spawn(ctx, [cl.CommandQueue(ctx)], 50000, capacity)
+
+
+def test_dynamic_spawning_two_devices(two_device_ctx: cl.Context) -> None:
+    ctx = two_device_ctx
+    _spawn(ctx, [cl.CommandQueue(ctx, d) for d in ctx.devices], 50000, 64)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "item"),
+    [(np.int32, "int"), (np.float32, "float"), (np.uint8, "uchar"), (np.float64, "double")],
+)
+def test_typed_items_reach_the_device(ctx: cl.Context, dtype: Any, item: str) -> None:
+    wq = sk.WorkQueue(ctx, 16, dtype)
+    assert wq.defines == {"WQ_ITEM": item}
+    queue = cl.CommandQueue(ctx)
+    gs, ls = sk.persistent_grid(queue, host_threads=1)
+    sums = sk.zeros(ctx, gs[0], np.float64, policy=sk.Policy.fine())
+    event = sk.launch(queue, kernel(ctx, "total", item), gs, ls, wq, sums)
+    queue.flush()
+    values = (np.arange(500) % 200).astype(dtype)
+    wq.push_many(values)
+    wq.close()
+    finish([event], wq)
+    assert sums.host.sum() == values.astype(np.float64).sum()
+
+
+def test_raw_pyopencl_launch(ctx: cl.Context) -> None:
+    """kernel_arg and svm_pointers serve a plain PyOpenCL launch."""
+    from svmkit import _icd
+
+    wq = sk.WorkQueue(ctx, 8)
+    queue = cl.CommandQueue(ctx)
+    out = fine_zeros(ctx, 100, np.int64)
+    count = fine_zeros(ctx, 1, np.int32)
+    knl = kernel(ctx, "consume")
+    knl.set_args(wq.kernel_arg, out, count)
+    assert _icd.set_kernel_exec_info_svm_ptrs(knl, wq.svm_pointers) == 0
+    event = cl.enqueue_nd_range_kernel(queue, knl, (1,), (1,))
+    wq.record(event)
+    queue.flush()
+    wq.push_many(np.arange(100))
+    wq.close()
+    finish([event], wq)
+    np.testing.assert_array_equal(np.sort(out.host), np.arange(100))
+
+
+def test_persistent_grid(ctx: cl.Context, two_device_ctx: cl.Context) -> None:
+    device = ctx.devices[0]
+    cus = device.max_compute_units
+    cpu = bool(device.type & cl.device_type.CPU)
+    assert sk.persistent_grid(device) == ((cus,), (1,))
+    expected = max(1, cus - 1) if cpu else cus
+    assert sk.persistent_grid(cl.CommandQueue(ctx), host_threads=1) == ((expected,), (1,))
+    assert sk.persistent_grid(ctx, host_threads=99) == ((1 if cpu else cus,), (1,))
+    assert sk.persistent_grid(device, local_size=4)[0][0] == 4 * cus
+    with pytest.raises(sk.InvalidValueError, match="max work-group size"):
+        sk.persistent_grid(device, local_size=device.max_work_group_size + 1)
+    with pytest.raises(sk.InvalidValueError, match="one device"):
+        sk.persistent_grid(two_device_ctx)
+
+
+def test_exit_closes_live_queues(tmp_path: Any) -> None:
+    """A consumer kernel blocked in wq_pop at interpreter exit ends: svmkit closes the queue."""
+    script = tmp_path / "blocked.py"
+    script.write_text(
+        "import atexit, os, time\n"
+        "state = {}\n"
+        "def check():\n"  # registered first, so it runs after svmkit's exit hooks
+        "    import pyopencl as cl\n"
+        "    deadline = time.monotonic() + 20\n"
+        "    while state['event'].command_execution_status != cl.command_execution_status"
+        ".COMPLETE:\n"
+        "        if time.monotonic() > deadline:\n"
+        "            print('kernel still running', flush=True); os._exit(3)\n"
+        "        time.sleep(0.01)\n"
+        "    print('kernel ended', state['out'].host[0], flush=True)\n"
+        "atexit.register(check)\n"
+        "import numpy as np, pyopencl as cl, svmkit as sk\n"
+        "ctx = sk.create_context()\n"
+        "q = cl.CommandQueue(ctx)\n"
+        "prg = sk.build_program(ctx, '#include \"svmkit_workqueue.h\"\\n'\n"
+        "    '__kernel void k(__global svmkit_wq *q, __global long *o)'\n"
+        "    '{ long x; while (wq_pop(q, &x)) o[0] += x; }')\n"
+        "wq = sk.WorkQueue(ctx, 8)\n"
+        "state['wq'] = wq\n"  # still referenced when the exit hooks run
+        "state['out'] = out = sk.zeros(ctx, 1, np.int64, policy=sk.Policy.fine())\n"
+        "state['event'] = sk.launch(q, prg.k, (1,), (1,), wq, out)\n"
+        "q.flush()\n"
+        "wq.push(41)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "kernel ended 41" in proc.stdout
+
+
+# --- stress (run with -m stress) --------------------------------------------------------------
+
+
+@pytest.mark.stress
+@pytest.mark.parametrize("threads", [1, 4])
+def test_stress_ten_million(ctx: cl.Context, threads: int) -> None:
+    per = 10_000_000 // threads
+    wq = sk.WorkQueue(ctx, 4096)
+    total = threads * per
+    seen = fine_zeros(ctx, total, np.int32)
+    queue = cl.CommandQueue(ctx)
+    gs, ls = sk.persistent_grid(queue, host_threads=threads)
+    prg = sk.build_program(
+        ctx,
+        r"""
+        #include "svmkit_workqueue.h"
+        __kernel void mark(__global svmkit_wq *q, __global atomic_int *seen) {
+            WQ_ITEM v;
+            while (wq_pop(q, &v))
+                atomic_fetch_add_explicit(&seen[v], 1, memory_order_relaxed, SVMKIT_SCOPE);
+        }""",
+    )
+    event = sk.launch(queue, prg.mark, gs, ls, wq, seen)
+    queue.flush()
+
+    def produce(i: int) -> None:
+        items = np.arange(i * per, (i + 1) * per, dtype=np.int64)
+        for j in range(0, per, 1000):
+            chunk = items[j : j + 1000]
+            if (j // 1000) % 10 == 0:  # a tenth of the items one push at a time
+                for x in chunk.tolist():
+                    wq.push(x)
+            else:
+                wq.push_many(chunk)
+
+    run_threads(produce, threads)
+    wq.close()
+    finish([event], wq, timeout=600)
+    np.testing.assert_array_equal(seen.host, np.ones(total, np.int32))
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_threads() -> Iterator[None]:
+    before = threading.active_count()
+    yield
+    assert threading.active_count() <= before + 1  # (svmkit's release reaper may start)
+
+
+@pytest.mark.stress
+def test_stress_spawning_two_devices(two_device_ctx: cl.Context) -> None:
+    ctx = two_device_ctx
+    _spawn(ctx, [cl.CommandQueue(ctx, d) for d in ctx.devices], 10_000_000, 4096)
+
+
+@pytest.mark.stress
+def test_stress_device_to_host(ctx: cl.Context) -> None:
+    queue = cl.CommandQueue(ctx)
+    groups = sk.persistent_grid(queue, host_threads=2)[0][0]
+    _device_to_host(
+        ctx,
+        [queue],
+        "native" if "native" in _hostatomics.available_backends() else "python",
+        2,
+        10_000_000 // groups,
+    )
