@@ -15,8 +15,11 @@
  *   bool wq_pop(q, &item)       blocks while empty; false once closed and drained
  *   bool wq_try_push(q, item)   false if full or closed (nothing waits)
  *   bool wq_try_pop(q, &item)   false if nothing is there now
- * and beyond it: void wq_close(q) (as WorkQueue.close(), e.g. when the last task ends) and
- * bool wq_drained(q) (closed and every item popped).
+ * and beyond it: void wq_close(q) (as WorkQueue.close(), e.g. when the last task ends),
+ * bool wq_drained(q) (closed and every item popped), and batch pops that claim a run of
+ * up to `max` published items with one compare-exchange (one atomic per batch instead of
+ * per item): int wq_try_pop_many(q, items, max) (0 if nothing now) and
+ * int wq_pop_many(q, items, max) (blocks while empty; 0 once closed and drained).
  *
  * Forward progress: OpenCL promises none between work-items of one work-group, so a
  * work-item that may block (wq_pop, wq_push) must be alone in its work-group or the only
@@ -181,6 +184,46 @@ inline bool wq_pop(__global svmkit_wq *q, WQ_ITEM *item)
             return true;
         if (wq_drained(q))
             return false;
+    }
+}
+
+inline int wq_try_pop_many(__global svmkit_wq *q, WQ_ITEM *items, int max)
+{
+    ulong pos = svmkit_load_relaxed(&q->head);
+    for (;;) {
+        int k = 0;
+        while (k < max && svmkit_load_acquire(svmkit_wq_seq(q, pos + k)) == pos + k + 1)
+            k++;
+        if (k == 0) {
+            long dif = (long)(svmkit_load_acquire(svmkit_wq_seq(q, pos)) - (pos + 1));
+            if (dif > 0) { /* head moved on */
+                pos = svmkit_load_relaxed(&q->head);
+                continue;
+            }
+            return 0;
+        }
+        /* head == pos at the exchange means nobody claimed [pos, pos + k) meanwhile, and
+         * a published slot stays published until its claimer frees it */
+        if (atomic_compare_exchange_weak_explicit(&q->head, &pos, pos + k,
+                                                  memory_order_relaxed,
+                                                  memory_order_relaxed, SVMKIT_SCOPE)) {
+            for (int i = 0; i < k; i++) {
+                items[i] = *svmkit_wq_item(q, pos + i);
+                svmkit_store_release(svmkit_wq_seq(q, pos + i), pos + i + q->mask + 1);
+            }
+            return k;
+        }
+    }
+}
+
+inline int wq_pop_many(__global svmkit_wq *q, WQ_ITEM *items, int max)
+{
+    for (;;) {
+        int k = wq_try_pop_many(q, items, max);
+        if (k)
+            return k;
+        if (wq_drained(q))
+            return 0;
     }
 }
 
