@@ -168,7 +168,9 @@ class Mapping:
     ) -> None:
         svm = cl.SVM(alloc.u8[lo:hi])
         try:
-            _cl._enqueue_svm_map(self._queue, 1, flags, svm, wait or None, None)
+            # Non-blocking enqueue, then wait: PyOpenCL holds the GIL inside a blocking
+            # map, which deadlocks when another Python thread must complete ``wait``.
+            _cl._enqueue_svm_map(self._queue, 0, flags, svm, wait or None, None).wait()
         except cl.Error as exc:
             raise translate(exc, what=f"clEnqueueSVMMap of bytes [{lo}, {hi})") from exc
         state.set_driver(DriverMap(lo, hi, writes, svm, self._queue))

@@ -175,9 +175,9 @@ def copy(
         return event
     check_no_overlap(dst_ptr, src_ptr, nbytes)
     try:
-        event = _cl._enqueue_svm_memcpy(
-            queue, 1 if blocking else 0, dst_ptr_obj, src_ptr_obj, wait, None
-        )
+        event = _cl._enqueue_svm_memcpy(queue, 0, dst_ptr_obj, src_ptr_obj, wait, None)
+        if blocking:  # PyOpenCL holds the GIL in a blocking copy; Event.wait releases it
+            event.wait()
     except cl.Error as exc:
         raise translate(exc, what="clEnqueueSVMMemcpy", nbytes=nbytes) from exc
     svm_sides = 0
