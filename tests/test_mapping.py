@@ -301,12 +301,12 @@ def test_threads_mapping_slices_of_one_allocation(queue, spy):
     def work(i: int) -> None:
         q = cl.CommandQueue(ctx)
         try:
-            for round_ in range(25):
+            for _ in range(25):
                 with sk.mapped(q, a[i * per : (i + 1) * per], "rw") as h:
                     h += 1
                     time.sleep(0)
             q.finish()
-        except BaseException as exc:  # noqa: BLE001 (reported below)
+        except BaseException as exc:  # reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
