@@ -1,0 +1,241 @@
+"""sk.launch: SVMArray arguments, pointer sharing through `uses`, map state, events."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+import svmkit as sk
+import svmkit._icd as icd
+import svmkit.ops as ops
+
+COMPLETE = cl.command_execution_status.COMPLETE
+
+SOURCE = """
+typedef struct node {
+    __global const long *value;   /* points into a second SVM array */
+    __global struct node *next;   /* points into this array */
+} node;
+
+__kernel void walk(__global node *nodes, __global long *out, int steps) {
+    int i = get_global_id(0);
+    __global node *n = &nodes[i];
+    long sum = 0;
+    for (int k = 0; k < steps; ++k) {
+        sum += *n->value;
+        n = n->next;
+    }
+    out[i] = sum;
+}
+
+__kernel void twice(__global int *a) { a[get_global_id(0)] *= 2; }
+
+__kernel void deref(__global long *__global *box, __global long *out) {
+    out[get_global_id(0)] = (*box)[get_global_id(0)];
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def program(ctx: cl.Context) -> cl.Program:
+    return sk.build_program(ctx, SOURCE)
+
+
+@pytest.fixture(scope="module")
+def other_ctx(ctx: cl.Context) -> cl.Context:
+    return cl.Context([ctx.devices[0]])
+
+
+def test_linked_structure_across_two_arrays(queue, policy, program, caps):
+    assert caps.address_bits == 64
+    ctx = queue.context
+    n, steps = 257, 40
+    rng = np.random.default_rng(7)
+    values = rng.integers(-1000, 1000, n).astype(np.int64)
+    order = rng.permutation(n)  # node i -> node order[i]
+    vals = sk.asarray(ctx, values, policy=policy)
+    nodes = sk.empty(ctx, (n, 2), np.uint64, policy=policy)
+    value_of = rng.permutation(n)  # node i holds a pointer to vals[value_of[i]]
+    table = np.empty((n, 2), np.uint64)
+    table[:, 0] = [vals.ptr + 8 * int(j) for j in value_of]
+    table[:, 1] = [nodes.ptr + 16 * int(j) for j in order]
+    with sk.mapped(queue, nodes, "w_invalidate") as h:  # the host writes device-valid pointers
+        h[...] = table
+    out = sk.zeros(ctx, n, np.int64, policy=policy)
+    event = sk.launch(
+        queue, cl.Kernel(program, "walk"), (n,), None, nodes, out, np.int32(steps), uses=[vals]
+    )
+    assert isinstance(event, cl.Event)
+    for a in (nodes, out, vals):
+        assert event in a.pending_events() or event.command_execution_status == COMPLETE
+    expect = np.empty(n, np.int64)
+    for i in range(n):  # the same walk on the host
+        j, total = i, 0
+        for _ in range(steps):
+            total += values[value_of[j]]
+            j = order[j]
+        expect[i] = total
+    np.testing.assert_array_equal(out.get(queue), expect)
+
+
+def test_view_arguments_point_at_element_zero(queue, policy, program):
+    a = sk.asarray(queue.context, np.arange(16, dtype=np.int32), policy=policy)
+    sk.launch(queue, cl.Kernel(program, "twice"), (4,), None, a[8:12]).wait()
+    np.testing.assert_array_equal(a.get(), np.r_[0:8, 16:24:2, 12:16])
+
+
+def test_uses_registers_exec_info(queue, program, monkeypatch):
+    ctx = queue.context
+    calls: list[tuple[int, ...]] = []
+    real = icd.set_kernel_exec_info_svm_ptrs
+    monkeypatch.setattr(
+        icd, "set_kernel_exec_info_svm_ptrs", lambda k, p: (calls.append(p), real(k, p))[1]
+    )
+    kernel = cl.Kernel(program, "twice")
+    a = sk.zeros(ctx, 4, np.int32)
+    b = sk.zeros(ctx, 8, np.int32)
+    sk.launch(queue, kernel, (4,), None, a, uses=[b, b[4:]]).wait()
+    assert calls == [(b.ptr, b.ptr + 16)]
+    sk.launch(queue, kernel, (4,), None, a).wait()  # stale list replaced by the arguments
+    assert calls[1] == (a.ptr,)
+    other = cl.Kernel(program, "twice")
+    sk.launch(queue, other, (4,), None, a).wait()  # never registered: nothing to replace
+    assert len(calls) == 2
+
+
+class Box:
+    """A work-queue-like object: passes as `kernel_arg`, registers `svm_pointers`."""
+
+    def __init__(self, ctx: cl.Context, target: sk.SVMArray) -> None:
+        self.cell = sk.empty(ctx, 1, np.uint64, policy=sk.Policy.fine())
+        self.cell.host[0] = target.ptr
+        self.target = target
+        self.recorded: list[cl.Event] = []
+
+    @property
+    def kernel_arg(self) -> sk.SVMArray:
+        return self.cell
+
+    @property
+    def svm_pointers(self) -> tuple[int, ...]:
+        return (self.target.ptr,)
+
+    def record(self, event: cl.Event) -> None:
+        self.recorded.append(event)
+
+
+@pytest.mark.needs("fine")
+def test_work_queue_like_arguments(queue, program, monkeypatch):
+    ctx = queue.context
+    calls: list[tuple[int, ...]] = []
+    real = icd.set_kernel_exec_info_svm_ptrs
+    monkeypatch.setattr(
+        icd, "set_kernel_exec_info_svm_ptrs", lambda k, p: (calls.append(p), real(k, p))[1]
+    )
+    target = sk.asarray(ctx, np.arange(8, dtype=np.int64) * 3)
+    box = Box(ctx, target)
+    out = sk.zeros(ctx, 8, np.int64)
+    event = sk.launch(queue, cl.Kernel(program, "deref"), (8,), None, box, out)
+    event.wait()
+    assert calls == [(target.ptr,)]
+    assert box.recorded == [event]
+    np.testing.assert_array_equal(out.get(), np.arange(8) * 3)
+
+
+@pytest.mark.needs("fine", "atomics")
+def test_real_work_queue_passes(queue, monkeypatch):
+    wq = sk.WorkQueue(queue.context, 8)
+    calls: list[tuple[int, ...]] = []
+    real = icd.set_kernel_exec_info_svm_ptrs
+    monkeypatch.setattr(
+        icd, "set_kernel_exec_info_svm_ptrs", lambda k, p: (calls.append(p), real(k, p))[1]
+    )
+    prg = sk.build_program(
+        queue.context,
+        """
+        #include "svmkit_workqueue.h"
+        __kernel void put(__global svmkit_wq *q) { wq_try_push(q, (WQ_ITEM)42); }
+    """,
+        defines=wq.defines,
+    )
+    sk.launch(queue, prg.put, (1,), (1,), wq).wait()
+    assert calls == [wq.svm_pointers]
+    assert int(wq.pop(timeout=5)) == 42
+
+
+def test_map_state_checks(queue, program):
+    ctx = queue.context
+    a = sk.zeros(ctx, 8, np.int32, policy=sk.Policy.coarse())
+    ro = sk.zeros(ctx, 8, np.int32, policy=sk.Policy.coarse(access=sk.Access.READ_ONLY))
+    kernel = cl.Kernel(program, "twice")
+    with sk.mapped(queue, a[0:4], "r"), sk.mapped(queue, ro, "r"):
+        for call in (
+            lambda: sk.launch(queue, kernel, (4,), None, a),
+            lambda: sk.launch(queue, kernel, (4,), None, a[4:8], uses=[a]),
+        ):
+            with pytest.raises(sk.MapStateError) as err:
+                call()
+            assert err.value.cl_error is None
+        sk.launch(queue, kernel, (4,), None, a[4:8], uses=[ro]).wait()  # read-only: allowed
+    with sk.mapped(queue, ro, "w"), pytest.raises(sk.MapStateError):
+        sk.launch(queue, kernel, (4,), None, a, uses=[ro])
+
+
+def test_contexts_and_bad_uses(queue, program, other_ctx):
+    a = sk.zeros(queue.context, 4, np.int32)
+    b = sk.zeros(other_ctx, 4, np.int32)
+    kernel = cl.Kernel(program, "twice")
+    for call in (
+        lambda: sk.launch(cl.CommandQueue(other_ctx), kernel, (4,), None, b),
+        lambda: sk.launch(queue, kernel, (4,), None, b),
+        lambda: sk.launch(queue, kernel, (4,), None, a, uses=[b]),
+        lambda: sk.launch(queue, kernel, (4,), None, a, wait_for=[cl.UserEvent(other_ctx)]),
+    ):
+        with pytest.raises(sk.InvalidContextError) as err:
+            call()
+        assert err.value.cl_error == "CL_INVALID_CONTEXT"
+    with pytest.raises(sk.InvalidValueError) as err2:
+        sk.launch(queue, kernel, (4,), None, a, uses=[a.ptr])
+    assert err2.value.cl_error == "CL_INVALID_VALUE"
+
+
+def test_freed_arguments(queue, program):
+    a = sk.zeros(queue.context, 4, np.int32)
+    b = sk.zeros(queue.context, 4, np.int32)
+    b.free()
+    kernel = cl.Kernel(program, "twice")
+    for call in (
+        lambda: sk.launch(queue, kernel, (4,), None, b),
+        lambda: sk.launch(queue, kernel, (4,), None, a, uses=[b]),
+    ):
+        with pytest.raises(sk.UseAfterFreeError):
+            call()
+
+
+def test_event_recorded_on_arguments_and_uses(queue, program):
+    ctx = queue.context
+    a = sk.zeros(ctx, 4, np.int32)
+    b = sk.zeros(ctx, 4, np.int32)
+    gate = cl.UserEvent(ctx)
+    event = sk.launch(queue, cl.Kernel(program, "twice"), (4,), None, a, uses=[b], wait_for=[gate])
+    assert event in a.pending_events() and event in b.pending_events()
+    gate.set_status(COMPLETE)
+    event.wait()
+
+
+def test_driver_errors_are_translated(queue, program):
+    a = sk.zeros(queue.context, 4, np.int32)
+    with pytest.raises(sk.SVMError) as err:  # work-group size larger than the global size
+        sk.launch(queue, cl.Kernel(program, "twice"), (4,), (3,), a)
+    assert err.value.cl_error is not None and err.value.cl_error.startswith("CL_")
+    assert isinstance(err.value.__cause__, cl.Error)
+
+
+def test_ops_module_exports():
+    assert {sk.fill, sk.copy, sk.migrate, sk.launch} == {
+        ops.fill,
+        ops.copy,
+        ops.migrate,
+        ops.launch,
+    }
