@@ -22,11 +22,16 @@ from svmkit.errors import (
 from svmkit.mapping import mapped
 from svmkit.ops import copy, fill, launch, migrate
 from svmkit.policy import Access, Granularity, Policy
+from svmkit.pool import Pool
 from svmkit.programs import build_program, kernels_dir
 from svmkit.resources import (
     Allocation,
+    LimitingAdaptor,
     MemoryResource,
+    PoolResource,
+    StatisticsAdaptor,
     SVMResource,
+    TrackingAdaptor,
     current_resource,
     use_resource,
 )
@@ -42,14 +47,19 @@ __all__ = [
     "Granularity",
     "InvalidContextError",
     "InvalidValueError",
+    "LimitingAdaptor",
     "MapStateError",
     "MemoryResource",
     "OutOfMemoryError",
     "Policy",
+    "Pool",
+    "PoolResource",
     "QueueClosed",
     "SVMArray",
     "SVMError",
     "SVMResource",
+    "StatisticsAdaptor",
+    "TrackingAdaptor",
     "UnsupportedError",
     "UseAfterFreeError",
     "WorkQueue",

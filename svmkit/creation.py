@@ -25,6 +25,8 @@ __all__ = ["asarray", "empty", "empty_like", "full", "ones", "zeros", "zeros_lik
 
 _best: weakref.WeakKeyDictionary[cl.Context, Policy] = weakref.WeakKeyDictionary()
 _best_lock = threading.Lock()
+_MEMO_VIEWS = 8  # typed views cached per pooled block
+_wrap = SVMArray._wrap
 _FILL_PATTERN_SIZES = frozenset({1, 2, 4, 8, 16, 32, 64, 128})
 
 
@@ -60,12 +62,29 @@ def resolve_resource(
 
 
 def _new(
-    resource: MemoryResource, shape: tuple[int, ...], dtype: np.dtype[Any], alignment: int
+    resource: MemoryResource,
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    alignment: int,
+    nbytes: int = -1,
 ) -> SVMArray:
-    nbytes = nbytes_of(shape, dtype)
+    """A new array of ``shape`` and ``dtype`` (``nbytes`` of them, if known) from
+    ``resource``: the one place every constructor allocates."""
+    if nbytes < 0:
+        nbytes = nbytes_of(shape, dtype)
     alloc = resource.allocate(nbytes, alignment)
-    view = alloc.u8[:nbytes].view(dtype).reshape(shape)
-    return SVMArray(alloc, view)
+    memo = alloc.memo
+    if memo is None:
+        return _wrap(alloc, alloc.u8[:nbytes].view(dtype).reshape(shape))
+    # A pooled block: its typed view outlives each hand-out; every array gets its own
+    # ndarray object on it (so changing one array's view never reaches another's).
+    key = (shape, dtype)
+    view = memo.get(key)
+    if view is None:
+        if len(memo) >= _MEMO_VIEWS:
+            memo.clear()
+        view = memo[key] = alloc.u8[:nbytes].view(dtype).reshape(shape)
+    return _wrap(alloc, view.view())
 
 
 def empty(

@@ -2,12 +2,20 @@
 
 from svmkit.resources.base import Allocation, MemoryResource
 from svmkit.resources.current import current_resource, use_resource
+from svmkit.resources.limiting import LimitingAdaptor
+from svmkit.resources.pool import PoolResource
+from svmkit.resources.statistics import StatisticsAdaptor
 from svmkit.resources.svm import SVMResource
+from svmkit.resources.tracking import TrackingAdaptor
 
 __all__ = [
     "Allocation",
+    "LimitingAdaptor",
     "MemoryResource",
+    "PoolResource",
     "SVMResource",
+    "StatisticsAdaptor",
+    "TrackingAdaptor",
     "current_resource",
     "use_resource",
 ]

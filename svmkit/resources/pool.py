@@ -1,0 +1,279 @@
+"""PoolResource: size-class bins of upstream blocks, reused once their commands finished.
+
+Modelled on RMM's ``pool_memory_resource`` (upstream first, the pool owns what it got
+from upstream) with PyOpenCL's bin layout (:mod:`svmkit.resources._bins`) and RMM's
+stream ordering expressed with OpenCL events: a block freed while recorded commands may
+still use it waits in the cache until every one of those events completed, whichever
+queue they were enqueued on (spec: "the application must ensure that ... no command
+uses the memory after it is freed"; reuse is a free followed by an allocation).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import pyopencl as cl
+
+from svmkit.errors import InvalidValueError, OutOfMemoryError
+from svmkit.events import shutting_down
+from svmkit.policy import check_alignment, check_size
+from svmkit.resources._bins import class_size, size_class
+from svmkit.resources._freelist import Block, FreeList
+from svmkit.resources.base import Allocation, MemoryResource
+
+__all__ = ["PoolResource"]
+
+log = logging.getLogger(__name__)
+
+_CLASS_MEMO_LIMIT = 4096
+_NO_EVENTS: list[cl.Event] = []
+_new_allocation = Allocation._reuse
+_UNPOOLED = 0  # class of blocks too large to round up: never cached, released when freed
+
+
+class PoolResource(MemoryResource):
+    """A pool of SVM blocks in size classes over ``upstream``.
+
+    Parameters
+    ----------
+    upstream:
+        The resource blocks come from (kept alive; usually an :class:`SVMResource`).
+    max_cached_bytes:
+        Most bytes the pool keeps cached for reuse; a block freed beyond it goes back
+        upstream.  ``None``: no limit (release with :meth:`trim`).
+
+    Notes
+    -----
+    * Size classes: 64-byte steps up to 1 KiB, then 16 per power of two, so a block holds
+      less than ``n + 64`` bytes for ``n <= 1 KiB`` and at most ``17/16 * n`` above.  A
+      request is served best-fit: a cached block of its own class, else the smallest
+      cached block of the next 4 classes (at most ~25 % larger), else a new upstream block.
+    * Every block is aligned to the device's largest data type (``clSVMAlloc``'s default),
+      so every alignment the spec allows is met.
+    * A freed block is reused only after the events recorded on its allocation completed
+      (its status is polled; the pool never enqueues anything).  ``enqueue_free`` on one
+      queue and reuse on another are therefore ordered as the spec requires.
+    * On upstream :class:`~svmkit.OutOfMemoryError` the pool waits for its pending blocks,
+      returns its whole cache upstream and retries once.
+    * Each hand-out is a new :class:`Allocation`, so arrays left from an earlier user of a
+      block raise :class:`~svmkit.UseAfterFreeError`.
+    """
+
+    upstream: MemoryResource
+
+    def __init__(
+        self,
+        upstream: MemoryResource,
+        *,
+        max_cached_bytes: int | None = None,
+    ) -> None:
+        if not isinstance(upstream, MemoryResource):
+            raise InvalidValueError(f"upstream must be a memory resource, got {upstream!r}")
+        if max_cached_bytes is not None and (
+            isinstance(max_cached_bytes, bool)
+            or not isinstance(max_cached_bytes, int)
+            or max_cached_bytes < 0
+        ):
+            raise InvalidValueError(
+                f"max_cached_bytes must be None or an int >= 0, got {max_cached_bytes!r}"
+            )
+        self.upstream = upstream
+        self.context = upstream.context
+        self.policy = upstream.policy
+        self.capabilities = upstream.capabilities
+        self.max_cached_bytes = max_cached_bytes
+        self._max_alloc = min(d.max_alloc_bytes for d in self.capabilities.devices)
+        self._free = FreeList()
+        self._lock = threading.Lock()
+        self._classes: dict[int, int] = {}
+        self._in_use_bytes = 0  # bytes asked for by live allocations
+        self._upstream_bytes = 0  # bytes of every block the pool holds from upstream
+        self._upstream_blocks = 0  # blocks the pool holds from upstream
+        self._upstream_allocations = 0  # upstream.allocate calls that succeeded
+
+    # -- allocation ------------------------------------------------------------------------
+    def allocate(self, nbytes: int, alignment: int = 0) -> Allocation:
+        """A block of at least ``nbytes`` bytes, from the cache when one is free to reuse."""
+        cls = self._classes.get(nbytes)
+        if not cls:  # first sight of this size, zero bytes or too large to pool
+            return self._allocate_new_size(nbytes, alignment)
+        if alignment:
+            check_alignment(alignment, self.capabilities)  # blocks meet every valid one
+        free = self._free
+        lock = self._lock
+        lock.acquire()
+        try:
+            ready = free.ready.get(cls)
+            if ready:  # the hot path: a ready block of the exact class (FreeList.pop inlined)
+                block: Block | None = ready.pop()
+                free.ready_bytes -= block.size  # type: ignore[union-attr]
+            else:
+                block = free.pop(cls)
+            if block is not None:
+                self._in_use_bytes += nbytes
+        finally:
+            lock.release()
+        if block is None:
+            block = self._grow(cls, nbytes)
+        u8 = block.last_u8 if block.last_nbytes == nbytes else block.bytes_for(nbytes)
+        return _new_allocation(self, block.ptr, nbytes, u8, block, block.memo)
+
+    def _allocate_new_size(self, nbytes: int, alignment: int) -> Allocation:
+        cls = self._classify(nbytes)
+        if alignment:
+            check_alignment(alignment, self.capabilities)
+        if not nbytes:
+            return Allocation(self, 0, 0)
+        if cls:
+            return self.allocate(nbytes, alignment)
+        block = self._grow(cls, nbytes)  # unpooled: released upstream when freed
+        return _new_allocation(self, block.ptr, nbytes, block.u8, block, block.memo)
+
+    def _classify(self, nbytes: int) -> int:
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+            raise InvalidValueError(f"size must be an int, got {nbytes!r}")
+        check_size(nbytes, self.capabilities)
+        if nbytes == 0:
+            return 0
+        cls = size_class(nbytes)
+        if class_size(cls) > self._max_alloc:
+            return _UNPOOLED
+        if len(self._classes) < _CLASS_MEMO_LIMIT:
+            self._classes[nbytes] = cls
+        return cls
+
+    def _grow(self, cls: int, nbytes: int) -> Block:
+        """A new block from upstream; on OutOfMemoryError release the cache, retry once."""
+        size = class_size(cls) if cls else nbytes
+        try:
+            upstream = self.upstream.allocate(size)
+        except OutOfMemoryError:
+            released = self._release_cache(wait=True)
+            log.info(
+                "pool out of memory for %d bytes: released %d cached bytes, retrying",
+                size,
+                released,
+            )
+            try:
+                upstream = self.upstream.allocate(size)
+            except OutOfMemoryError as exc:
+                raise self._out_of_memory(nbytes, size, exc) from exc
+        if not upstream.ptr or upstream.nbytes < size or upstream.context != self.context:
+            upstream.free()
+            raise OutOfMemoryError(
+                f"upstream {self.upstream!r} returned an unusable block for {size} bytes "
+                f"(address {upstream.ptr:#x}, {upstream.nbytes} bytes)",
+                nbytes=nbytes,
+                cl_error="CL_MEM_OBJECT_ALLOCATION_FAILURE",
+            )
+        block = Block(cls, upstream)
+        with self._lock:
+            self._upstream_bytes += block.size
+            self._upstream_blocks += 1
+            self._upstream_allocations += 1
+            self._in_use_bytes += nbytes
+        return block
+
+    def _out_of_memory(self, nbytes: int, size: int, cause: OutOfMemoryError) -> OutOfMemoryError:
+        figures = self.info()
+        in_use, cached = figures["in_use_bytes"], figures["cached_bytes"]
+        fragmented = figures["fragmented_bytes"]
+        return OutOfMemoryError(
+            f"pool cannot get {nbytes} bytes (a {size}-byte block) from {self.upstream!r} "
+            f"even after returning its cache: {in_use} bytes in use by "
+            f"{figures['live_allocations']} allocations, {cached} bytes cached, {fragmented} bytes "
+            f"fragmented (block bytes beyond what allocations asked for); upstream said: "
+            f"{cause}",
+            nbytes=nbytes,
+            cl_error=cause.cl_error,
+            in_use_bytes=in_use,
+            cached_bytes=cached,
+            fragmented_bytes=fragmented,
+            limit_bytes=getattr(cause, "limit_bytes", None),
+        )
+
+    # -- deallocation ----------------------------------------------------------------------
+    def deallocate(self, allocation: Allocation) -> None:
+        """Cache the block; it is reused once the allocation's recorded events completed."""
+        block: Block = allocation.block
+        record = allocation._events
+        events = record.take() if record else _NO_EVENTS
+        limit = self.max_cached_bytes
+        lock = self._lock
+        lock.acquire()
+        try:
+            self._in_use_bytes -= allocation.nbytes
+            free = self._free
+            keep = block.cls and (limit is None or free.cached_bytes + block.size <= limit)
+            if keep and not events and block.cls in free.ready:  # FreeList.push inlined
+                free.ready[block.cls].append(block)
+                free.ready_bytes += block.size
+            elif keep:
+                free.push(block, events)
+            else:
+                self._upstream_bytes -= block.size
+                self._upstream_blocks -= 1
+        finally:
+            lock.release()
+        if not keep:
+            _release_upstream(block, events)
+
+    # -- cache control ---------------------------------------------------------------------
+    def trim(self) -> int:
+        """Return every cached block upstream (pending ones once their events complete);
+        the number of bytes given back."""
+        return self._release_cache(wait=False)
+
+    def _release_cache(self, *, wait: bool) -> int:
+        with self._lock:
+            if wait:
+                self._free.wait_pending()
+            cached = self._free.take_all()
+            released = sum(block.size for block, _ in cached)
+            self._upstream_bytes -= released
+            self._upstream_blocks -= len(cached)
+        for block, events in cached:
+            _release_upstream(block, events)
+        return released
+
+    def info(self) -> dict[str, int]:
+        """The pool's figures in bytes and blocks.
+
+        ``in_use_bytes`` (asked for by live allocations), ``in_use_block_bytes`` (the
+        blocks behind them), ``fragmented_bytes`` (their difference), ``cached_bytes``
+        (ready + pending), ``pending_bytes`` (cached, waiting for events),
+        ``upstream_bytes`` (everything held from upstream), ``live_allocations``,
+        ``cached_blocks``, ``upstream_allocations`` (blocks ever taken from upstream).
+        """
+        with self._lock:
+            free = self._free
+            block_bytes = self._upstream_bytes - free.cached_bytes
+            return {
+                "in_use_bytes": self._in_use_bytes,
+                "in_use_block_bytes": block_bytes,
+                "fragmented_bytes": block_bytes - self._in_use_bytes,
+                "cached_bytes": free.cached_bytes,
+                "pending_bytes": free.pending_bytes,
+                "upstream_bytes": self._upstream_bytes,
+                "upstream_blocks": self._upstream_blocks,
+                "live_allocations": self._upstream_blocks - len(free),
+                "cached_blocks": len(free),
+                "upstream_allocations": self._upstream_allocations,
+            }
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes the pool holds for reuse (ready and pending)."""
+        return self._free.cached_bytes
+
+
+def _release_upstream(block: Block, events: list[cl.Event]) -> None:
+    """Give ``block`` back to its upstream once ``events`` completed (never blocks)."""
+    if shutting_down():
+        return  # at exit svmkit stops releasing memory
+    upstream: Any = block.upstream
+    for event in events:
+        upstream.events.record(event)
+    upstream.free()
