@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 from svmkit.errors import InvalidValueError, OutOfMemoryError
+from svmkit.policy import check_size
 from svmkit.resources._adaptor import ResourceAdaptor
 from svmkit.resources.base import Allocation, MemoryResource
 
@@ -36,6 +37,7 @@ class LimitingAdaptor(ResourceAdaptor):
     def allocate(self, nbytes: int, alignment: int = 0) -> Allocation:
         with self._lock:
             if self._used + nbytes > self.limit_bytes:
+                check_size(nbytes, self.capabilities)  # a size no device allows: invalid
                 raise OutOfMemoryError(
                     f"allocating {nbytes} bytes would exceed the limit of {self.limit_bytes} "
                     f"bytes ({self._used} bytes in use)",
