@@ -6,6 +6,7 @@ tests/test_pool.py.
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 from collections.abc import Callable
@@ -80,7 +81,7 @@ def test_live_allocations_do_not_overlap(mr: sk.MemoryResource) -> None:
     rng = random.Random(1)
     allocs = [mr.allocate(rng.randint(1, 20000)) for _ in range(60)]
     spans = sorted((a.ptr, a.ptr + a.nbytes) for a in allocs)
-    for (_, end), (start, _) in zip(spans, spans[1:]):
+    for (_, end), (start, _) in itertools.pairwise(spans):
         assert end <= start
     for a in allocs:
         a.free()
@@ -206,7 +207,7 @@ def test_concurrent_allocate_free(mr: sk.MemoryResource) -> None:
                 tags[t] = i
             for a in live:
                 a.free()
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     host = not mr.policy.needs_map  # coarse memory is not touched outside a map

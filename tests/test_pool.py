@@ -1,0 +1,385 @@
+"""PoolResource and sk.Pool specifics: size classes, event-ordered reuse across queues,
+out-of-memory handling, trim, checked upstream results, adaptors' figures, stress."""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+import svmkit as sk
+from svmkit.events import drain, is_complete
+from svmkit.resources._bins import GRANULE, class_size, size_class
+
+SPIN = """
+__kernel void spin_write(__global int *out, int iters, int value) {
+    int i = get_global_id(0);
+    float x = (float)i;
+    for (int k = 0; k < iters; ++k) x = x * 0.9999f + 1.0f;
+    out[i] = value + (x < 0.0f);  /* x is never negative: the loop cannot be dropped */
+}
+"""
+N = 1024
+
+
+@pytest.fixture(scope="module")
+def spin(ctx: cl.Context) -> cl.Kernel:
+    return sk.build_program(ctx, SPIN).spin_write
+
+
+# -- size classes ------------------------------------------------------------------------
+def test_size_classes_round_up_with_bounded_waste() -> None:
+    sizes = sorted({*range(1, 5000), *(2**k + d for k in range(10, 40) for d in (-1, 0, 1))})
+    previous = 0
+    for n in sizes:
+        cls = size_class(n)
+        size = class_size(cls)
+        assert size >= n and size % GRANULE == 0
+        assert size_class(size) == cls  # a class's own size maps back to it
+        assert (size < n + GRANULE) if n <= 1024 else (16 * size <= 17 * n)
+        assert cls >= previous  # monotone in n
+        previous = cls
+    assert [class_size(c) for c in (1, 16, 17, 32, 33)] == [64, 1024, 1088, 2048, 2176]
+    assert class_size(size_class(64 << 20)) == 64 << 20
+
+
+def test_a_class_is_reused_best_fit(ctx: cl.Context) -> None:
+    pool = sk.PoolResource(sk.SVMResource(ctx))
+    big = pool.allocate(4352)  # class 49
+    ptr = big.ptr
+    big.free()
+    small = pool.allocate(64)  # far smaller: never served from the 4352-byte block
+    assert small.ptr != ptr
+    near = pool.allocate(4096)  # class 48: the cached class-49 block fits best
+    assert near.ptr == ptr and pool.info()["upstream_blocks"] == 2
+    small.free()
+    near.free()
+
+
+# -- event-ordered reuse -----------------------------------------------------------------
+def test_block_in_use_by_a_waiting_kernel_is_not_reused(
+    ctx: cl.Context, spin: cl.Kernel, policy: sk.Policy
+) -> None:
+    pool = sk.Pool(ctx, policy)
+    qa, qb = cl.CommandQueue(ctx), cl.CommandQueue(ctx)
+    gate = cl.UserEvent(ctx)
+    a = pool.empty(N, np.int32)
+    old = a.ptr
+    evt = spin(qa, (N,), None, a, np.int32(1000), np.int32(7), wait_for=[gate])
+    a.record(evt)
+    a.free()
+    b = pool.zeros(N, np.int32)  # the kernel has not even started: a's block must wait
+    assert b.ptr != old and not is_complete(evt)
+    gate.set_status(cl.command_execution_status.COMPLETE)
+    evt.wait()
+    np.testing.assert_array_equal(b.get(qb), np.zeros(N))  # the kernel wrote elsewhere
+    c = pool.empty(N, np.int32)  # now the block is free to reuse
+    assert c.ptr == old
+    np.testing.assert_array_equal(c.get(qb), np.full(N, 7))  # what the kernel left there
+    b.free()
+    c.free()
+
+
+def test_long_kernel_block_is_not_handed_out_before_it_ends(
+    ctx: cl.Context, spin: cl.Kernel
+) -> None:
+    pool = sk.Pool(ctx)
+    qa, qb = cl.CommandQueue(ctx), cl.CommandQueue(ctx)
+    a = pool.empty(N, np.int32)
+    old = a.ptr
+    evt = spin(qa, (N,), None, a, np.int32(200_000), np.int32(5))
+    a.enqueue_free(qa)  # clEnqueueSVMFree semantics on queue A
+    handed: list[tuple[int, bool]] = []
+    live = []
+    while not is_complete(evt):  # allocate on queue B's behalf while the kernel runs
+        x = pool.zeros(N, np.int32)
+        handed.append((x.ptr, is_complete(evt)))
+        live.append(x)
+        if len(live) > 64:
+            live.pop(0).free()
+    assert handed, "the kernel ended before the first allocation; make it longer"
+    assert all(ptr != old for ptr, done in handed if not done)
+    for x in live:
+        np.testing.assert_array_equal(x.get(qb), np.zeros(N))
+        x.free()
+    drain(5)
+    later = [pool.empty(N, np.int32) for _ in range(70)]
+    assert old in {x.ptr for x in later}  # reused once the kernel completed
+    for x in later:
+        x.free()
+
+
+def test_queues_of_one_context_are_ordered_by_events(ctx: cl.Context, spin: cl.Kernel) -> None:
+    pool = sk.PoolResource(sk.SVMResource(ctx))
+    queues = [cl.CommandQueue(ctx) for _ in range(3)]
+    gate = cl.UserEvent(ctx)
+    freed = []
+    for i, q in enumerate(queues):
+        a = sk.empty(ctx, N, np.int32, resource=pool)
+        a.record(spin(q, (N,), None, a, np.int32(10), np.int32(i + 1), wait_for=[gate]))
+        freed.append(a.ptr)
+        a.free()
+    fresh = [sk.empty(ctx, N, np.int32, resource=pool) for _ in range(3)]
+    assert not {a.ptr for a in fresh} & set(freed)
+    for a, q in zip(fresh, reversed(queues)):
+        a.set(np.full(N, -1, np.int32), q)
+    gate.set_status(cl.command_execution_status.COMPLETE)
+    for q in queues:
+        q.finish()
+    for a, q in zip(fresh, queues):
+        np.testing.assert_array_equal(a.get(q), np.full(N, -1))
+        a.free()
+    assert pool.info()["pending_bytes"] == 3 * 4096
+    again = [sk.empty(ctx, N, np.int32, resource=pool) for _ in range(6)]
+    assert set(freed) <= {a.ptr for a in again}
+    assert pool.info()["pending_bytes"] == 0
+
+
+# -- out of memory -----------------------------------------------------------------------
+def test_out_of_memory_releases_the_cache_and_retries_once(ctx: cl.Context) -> None:
+    limit = sk.LimitingAdaptor(sk.SVMResource(ctx), 4 << 20)
+    pool = sk.PoolResource(limit)
+    blocks = [pool.allocate(1 << 20) for _ in range(4)]
+    for b in blocks:
+        b.free()
+    assert pool.cached_bytes == 4 << 20 and limit.used_bytes == 4 << 20
+    big = pool.allocate(2 << 20)  # upstream refuses at first; the cache goes, then it fits
+    assert pool.cached_bytes == 0 and limit.used_bytes == 2 << 20
+    big.free()
+
+
+def test_out_of_memory_message_has_the_figures(ctx: cl.Context) -> None:
+    limit = sk.LimitingAdaptor(sk.SVMResource(ctx), 4 << 20)
+    pool = sk.PoolResource(limit)
+    live = pool.allocate(3 << 20)
+    odd = pool.allocate(1000)  # a 1024-byte block: 24 bytes fragmented
+    with pytest.raises(sk.OutOfMemoryError) as info:
+        pool.allocate(2 << 20)
+    err = info.value
+    assert err.nbytes == 2 << 20 and err.cl_error is None  # the limit is svmkit's
+    assert err.in_use_bytes == (3 << 20) + 1000
+    assert err.cached_bytes == 0 and err.fragmented_bytes == 24
+    text = str(err)
+    assert f"{(3 << 20) + 1000} bytes in use" in text
+    assert "0 bytes cached" in text and "24 bytes fragmented" in text
+    live.free()
+    odd.free()
+
+
+def test_out_of_memory_waits_for_pending_blocks(ctx: cl.Context) -> None:
+    limit = sk.LimitingAdaptor(sk.SVMResource(ctx), 2 << 20)
+    pool = sk.PoolResource(limit)
+    a = pool.allocate(2 << 20)
+    gate = cl.UserEvent(ctx)
+    a.events.record(gate)
+    a.free()
+    threading.Timer(0.2, gate.set_status, (cl.command_execution_status.COMPLETE,)).start()
+    b = pool.allocate(1 << 20)  # must wait for the gate, return the 2 MiB block, retry
+    assert is_complete(gate) and limit.used_bytes == 1 << 20
+    b.free()
+
+
+class _NullUpstream(sk.MemoryResource):
+    """An upstream that hands out NULL without an error, as PyOpenCL's SVMPool can (a
+    driver cannot be made to do this on demand)."""
+
+    def __init__(self, real: sk.MemoryResource) -> None:
+        self.context, self.policy = real.context, real.policy
+        self.capabilities = real.capabilities
+        self.freed = 0
+
+    def allocate(self, nbytes: int, alignment: int = 0) -> sk.Allocation:
+        return sk.Allocation(self, 0, nbytes, u8=np.empty(nbytes, np.uint8))
+
+    def deallocate(self, allocation: sk.Allocation) -> None:
+        self.freed += 1
+
+
+def test_upstream_results_are_checked(ctx: cl.Context) -> None:
+    upstream = _NullUpstream(sk.SVMResource(ctx))
+    pool = sk.PoolResource(upstream)
+    with pytest.raises(sk.OutOfMemoryError) as info:
+        pool.allocate(100)
+    assert info.value.cl_error == "CL_MEM_OBJECT_ALLOCATION_FAILURE"
+    assert upstream.freed == 1 and pool.info()["upstream_blocks"] == 0
+
+
+# -- trim and max_cached_bytes ------------------------------------------------------------
+def test_trim_returns_every_cached_block_upstream(ctx: cl.Context) -> None:
+    upstream = sk.StatisticsAdaptor(sk.SVMResource(ctx))
+    pool = sk.PoolResource(upstream)
+    allocs = [pool.allocate(n) for n in (100, 5000, 1 << 20)]
+    gate = cl.UserEvent(ctx)
+    allocs[0].events.record(gate)  # one pending block
+    for a in allocs:
+        a.free()
+    expected = class_size(size_class(100)) + class_size(size_class(5000)) + (1 << 20)
+    assert pool.cached_bytes == expected
+    assert pool.trim() == expected
+    assert pool.cached_bytes == 0 and upstream.stats()["current_bytes"] == 0
+    assert pool.trim() == 0
+    gate.set_status(cl.command_execution_status.COMPLETE)
+    assert drain(5)
+
+
+def test_max_cached_bytes_sends_the_excess_upstream(ctx: cl.Context) -> None:
+    upstream = sk.StatisticsAdaptor(sk.SVMResource(ctx))
+    pool = sk.PoolResource(upstream, max_cached_bytes=8192)
+    allocs = [pool.allocate(4096) for _ in range(4)]
+    for a in allocs:
+        a.free()
+    assert pool.cached_bytes == 8192 and upstream.stats()["current_bytes"] == 8192
+    with pytest.raises(sk.InvalidValueError):
+        sk.PoolResource(upstream, max_cached_bytes=-1)
+    with pytest.raises(sk.InvalidValueError):
+        sk.PoolResource("not a resource")  # type: ignore[arg-type]
+
+
+# -- sk.Pool and the adaptors' figures ----------------------------------------------------
+def test_pool_convenience_constructors_and_stats(ctx: cl.Context, policy: sk.Policy) -> None:
+    pool = sk.Pool(ctx, policy)
+    assert isinstance(pool.upstream, sk.PoolResource)
+    assert isinstance(pool.upstream.upstream, sk.SVMResource)
+    a = pool.empty((4, 4), np.float32)
+    z = pool.zeros(10, np.int64)
+    o = pool.ones(3)
+    f = pool.full(5, 7, np.int16)
+    s = pool.asarray(np.arange(6.0))
+    assert all(x.allocation.resource is pool for x in (a, z, o, f, s))
+    np.testing.assert_array_equal(z.get(), np.zeros(10))
+    np.testing.assert_array_equal(o.get(), np.ones(3))
+    np.testing.assert_array_equal(f.get(), np.full(5, 7))
+    np.testing.assert_array_equal(s.get(), np.arange(6.0))
+    assert pool.asarray(s) is s
+    stats = pool.stats()
+    assert stats["current_allocations"] == 5 and stats["total_allocations"] == 5
+    assert stats["current_bytes"] == 64 + 80 + 24 + 10 + 48 == stats["peak_bytes"]
+    assert stats["in_use_bytes"] == stats["current_bytes"]
+    for x in (a, z, o, f, s):
+        x.free()
+    stats = pool.stats()
+    assert stats["current_bytes"] == 0 and stats["current_allocations"] == 0
+    assert stats["peak_bytes"] == 226 and stats["total_allocations"] == 5
+    assert stats["cached_bytes"] > 0
+    assert pool.trim() == stats["cached_bytes"] and pool.stats()["cached_bytes"] == 0
+
+
+def test_pool_arrays_get_fresh_views(ctx: cl.Context) -> None:
+    pool = sk.Pool(ctx, sk.Policy.fine()) if sk.capabilities(ctx).fine_grain_buffer else None
+    if pool is None:
+        pytest.skip("host views of pooled memory need fine-grain SVM")
+    a = pool.empty(8, np.int32)
+    a.host[:] = 3
+    view = a.host
+    a.free()
+    b = pool.empty(8, np.int32)
+    assert b.host is not view and b.ptr == view.ctypes.data
+    view.shape = (2, 4)  # changing a stale view never reaches the next user's array
+    assert b.shape == (8,) and b.host.shape == (8,)
+    b.free()
+
+
+def test_tracking_lists_outstanding_allocations_with_stacks(ctx: cl.Context) -> None:
+    tracker = sk.TrackingAdaptor(sk.PoolResource(sk.SVMResource(ctx)))
+    a = sk.empty(ctx, 100, np.uint8, resource=tracker)
+    b = tracker.allocate(10)
+    out = tracker.outstanding()
+    assert [o.allocation for o in out] == [a.allocation, b]
+    assert "test_tracking_lists_outstanding_allocations_with_stacks" in out[0].stack
+    assert tracker.outstanding_bytes() == 110
+    a.free()
+    del b, out  # dropping the last reference frees it: tracking holds it only weakly
+    assert tracker.outstanding() == []
+
+
+def test_statistics_count_exactly(ctx: cl.Context) -> None:
+    stats = sk.StatisticsAdaptor(sk.SVMResource(ctx))
+    allocs = [stats.allocate(n) for n in (10, 20, 30)]
+    allocs[1].free()
+    allocs[1].free()  # idempotent: counted once
+    assert stats.stats() == {
+        "current_bytes": 40,
+        "peak_bytes": 60,
+        "total_bytes": 60,
+        "current_allocations": 2,
+        "peak_allocations": 3,
+        "total_allocations": 3,
+    }
+    stats.allocate(0).free()  # holds no memory: not counted
+    assert stats.stats()["total_allocations"] == 3
+
+
+def test_limit_is_exact(ctx: cl.Context) -> None:
+    limit = sk.LimitingAdaptor(sk.SVMResource(ctx), 1000)
+    a = limit.allocate(600)
+    b = limit.allocate(400)
+    with pytest.raises(sk.OutOfMemoryError) as info:
+        limit.allocate(1)
+    assert info.value.limit_bytes == 1000 and info.value.in_use_bytes == 1000
+    a.free()
+    c = limit.allocate(600)
+    assert limit.used_bytes == 1000
+    with pytest.raises(sk.InvalidValueError):
+        sk.LimitingAdaptor(sk.SVMResource(ctx), -5)
+    b.free()
+    c.free()
+
+
+# -- stress --------------------------------------------------------------------------------
+def _stress(ctx: cl.Context, threads: int, steps: int) -> None:
+    caps = sk.capabilities(ctx)
+    policy = sk.Policy.fine() if caps.fine_grain_buffer else sk.Policy.coarse()
+    upstream = sk.StatisticsAdaptor(sk.SVMResource(ctx, policy))
+    pool = sk.StatisticsAdaptor(sk.PoolResource(upstream))
+    host = not policy.needs_map
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        live: list[tuple[Any, int]] = []
+        try:
+            for _ in range(steps):
+                if len(live) >= 32 or (live and rng.random() < 0.5):
+                    a, tag = live.pop(rng.randrange(len(live)))
+                    if host:  # nobody else wrote into our array meanwhile
+                        assert a.host[0] == tag and a.host[-1] == tag
+                    a.free()
+                else:
+                    n = rng.randint(1, 4 << 20)
+                    a = sk.empty(ctx, n, np.uint8, resource=pool)
+                    tag = rng.randrange(256)
+                    if host:
+                        a.host[0] = a.host[-1] = tag
+                    live.append((a, tag))
+            for a, _ in live:
+                a.free()
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=worker, args=(seed,)) for seed in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors, errors
+    stats = pool.stats()
+    assert stats["current_bytes"] == 0 and stats["current_allocations"] == 0
+    assert stats["total_allocations"] > threads * steps // 3
+    info = pool.upstream.info()  # type: ignore[attr-defined]
+    assert info["live_allocations"] == 0 and info["in_use_bytes"] == 0
+    assert info["upstream_bytes"] == upstream.stats()["current_bytes"] == info["cached_bytes"]
+    pool.trim()
+    assert upstream.stats()["current_bytes"] == 0  # nothing leaked
+
+
+def test_stress_threads_alloc_free(ctx: cl.Context) -> None:
+    _stress(ctx, threads=8, steps=300)
+
+
+@pytest.mark.stress
+def test_stress_threads_alloc_free_long(ctx: cl.Context) -> None:
+    _stress(ctx, threads=8, steps=20_000)
