@@ -38,9 +38,11 @@ __all__ = [
     "check_migrate_to",
     "check_no_overlap",
     "check_pattern",
+    "check_pattern_max",
     "check_queue",
     "check_same_context",
     "check_same_nbytes",
+    "context_of",
     "span",
 ]
 
@@ -73,7 +75,8 @@ def check_queue(queue: Any, context: cl.Context) -> cl.CommandQueue:
             f"queue must be a pyopencl.CommandQueue, got {type(queue).__name__}",
             cl_error="CL_INVALID_COMMAND_QUEUE",
         )
-    if queue.context != context:
+    queue_context = context_of(queue)
+    if queue_context is not context and queue_context != context:
         raise InvalidContextError(
             "the queue belongs to another context than the array it would use; SVM from "
             "clSVMAlloc must be used with queues of the context it was allocated in"
@@ -102,9 +105,27 @@ def check_same_context(alloc: Allocation, context: cl.Context, name: str) -> Non
         )
 
 
+def context_of(obj: Any) -> cl.Context:
+    """``obj.context`` of a queue or kernel, cached on the object.
+
+    Each ``.context`` read is a driver query that creates a new ``Context`` object; on a
+    busy driver such queries contend with its worker threads, so the hot path asks once.
+    """
+    try:
+        return obj._svmkit_context  # type: ignore[no-any-return]
+    except AttributeError:
+        context = obj.context
+        try:
+            obj._svmkit_context = context
+        except AttributeError:
+            pass
+        return context  # type: ignore[no-any-return]
+
+
 def check_kernel_context(kernel: cl.Kernel, context: cl.Context) -> None:
     """The kernel's and the queue's contexts must match (``CL_INVALID_CONTEXT``)."""
-    if kernel.context != context:
+    kernel_context = context_of(kernel)
+    if kernel_context is not context and kernel_context != context:
         raise InvalidContextError("the kernel belongs to another context than the queue")
 
 
@@ -138,12 +159,34 @@ def check_contiguous(a: Any, name: str) -> None:
         )
 
 
-def check_pattern(value: Any, dtype: np.dtype[Any], max_pattern: int) -> np.ndarray[Any, Any]:
+_pattern_cache: dict[tuple[Any, ...], np.ndarray[Any, Any]] = {}
+_PATTERN_CACHE_MAX = 256
+
+
+def check_pattern(value: Any, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
     """The fill pattern for ``value``: a scalar cast to ``dtype`` or a 1-D array's bytes.
 
     Spec (clEnqueueSVMMemFill): ``CL_INVALID_VALUE`` if ``pattern_size`` is not one of
-    {1, 2, 4, 8, 16, 32, 64, 128}, or larger than the device's largest vector type.
+    {1, 2, 4, 8, 16, 32, 64, 128}.  Patterns of Python ints and non-zero floats are
+    cached per dtype (read-only; the driver copies the pattern at enqueue), so a repeated
+    fill casts nothing.  (-0.0 and 0.0 compare equal but differ in bytes: not cached.)
     """
+    kind = type(value)
+    if kind is int or (kind is float and value != 0.0 and value == value):
+        key = (kind, value, dtype)
+        cached = _pattern_cache.get(key)
+        if cached is not None:
+            return cached
+        pattern = _checked_pattern(value, dtype)
+        if len(_pattern_cache) >= _PATTERN_CACHE_MAX:
+            _pattern_cache.clear()
+        pattern.flags.writeable = False
+        _pattern_cache[key] = pattern
+        return pattern
+    return _checked_pattern(value, dtype)
+
+
+def _checked_pattern(value: Any, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
     if isinstance(value, np.ndarray) and value.ndim == 1:
         pattern = np.ascontiguousarray(value)
     elif (isinstance(value, np.ndarray) and value.ndim == 0) or np.isscalar(value):
@@ -165,12 +208,17 @@ def check_pattern(value: Any, dtype: np.dtype[Any], max_pattern: int) -> np.ndar
             f"fill pattern is {size} bytes; clEnqueueSVMMemFill needs a pattern size of 1, 2, "
             "4, 8, 16, 32, 64 or 128 bytes"
         )
+    return pattern
+
+
+def check_pattern_max(size: int, max_pattern: int) -> None:
+    """Spec (clEnqueueSVMMemFill): the largest ``pattern_size`` is the size of the
+    device's largest integer or floating-point vector type (``CL_INVALID_VALUE``)."""
     if size > max_pattern:
         raise InvalidValueError(
             f"fill pattern is {size} bytes, larger than the device's largest vector type "
             f"({max_pattern} bytes), the spec's maximum pattern_size"
         )
-    return pattern
 
 
 def check_fill_target(ptr: int, nbytes: int, pattern_size: int) -> None:

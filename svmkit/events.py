@@ -44,43 +44,72 @@ def is_complete(event: cl.Event) -> bool:
 class EventRecord:
     """The events of commands that used an allocation and may not have finished.
 
-    Recording is O(1) amortised: completed events are pruned when the list grows.
+    Recording is O(1) amortised: completed events are pruned when the list reaches a
+    limit, and the limit then becomes twice what is left, so a burst of commands that
+    have not finished (enqueue-only loops) does not rescan the list on every record.
+
+    With ``queue`` given and in order, only the queue's latest event is kept: it
+    completes after every earlier command of that queue, so recording makes no OpenCL
+    call at all (status queries contend with the driver's worker threads).
     """
 
-    __slots__ = ("_events", "_lock")
+    __slots__ = ("_events", "_latest", "_limit", "_lock")
 
     def __init__(self) -> None:
         self._events: list[cl.Event] = []
+        self._latest: dict[cl.CommandQueue, cl.Event] = {}
+        self._limit = _PRUNE_AT
         self._lock = threading.Lock()
 
-    def record(self, event: cl.Event) -> None:
-        """Remember that ``event`` uses the allocation."""
-        events = self._events
-        events.append(event)
-        if len(events) >= _PRUNE_AT:
-            with self._lock:
-                self._events = [e for e in self._events if not is_complete(e)]
+    def record(self, event: cl.Event, queue: cl.CommandQueue | None = None) -> None:
+        """Remember that ``event`` (enqueued on ``queue``, if known) uses the allocation."""
+        if queue is not None and in_order(queue):
+            self._latest[queue] = event  # one atomic store: the newest event of the queue
+            return
+        with self._lock:  # an append racing a prune must not be lost
+            events = self._events
+            events.append(event)
+            if len(events) >= self._limit:
+                live = [e for e in events if not is_complete(e)]
+                self._events = live
+                self._limit = max(_PRUNE_AT, 2 * len(live))
 
     def pending(self) -> list[cl.Event]:
         """The recorded events that have not completed yet (pruning the rest)."""
+        latest = [e for e in list(self._latest.values()) if not is_complete(e)]
         if not self._events:
-            return []
+            return latest
         with self._lock:
             live = [e for e in self._events if not is_complete(e)]
             self._events = live
-        return list(live)
+        return live + latest
 
     def take(self) -> list[cl.Event]:
         """Every pending event, leaving the record empty (used when freeing)."""
         with self._lock:
             events, self._events = self._events, []
+            latest, self._latest = self._latest, {}
+        events.extend(latest.values())
         return [e for e in events if not is_complete(e)]
 
     def __bool__(self) -> bool:
-        return bool(self._events)
+        return bool(self._events) or bool(self._latest)
 
     def __len__(self) -> int:
-        return len(self._events)
+        return len(self._events) + len(self._latest)
+
+
+def in_order(queue: cl.CommandQueue) -> bool:
+    """Whether ``queue`` executes in order (cached on the queue object)."""
+    try:
+        return queue._svmkit_in_order  # type: ignore[no-any-return]
+    except AttributeError:
+        value = not queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
+        try:
+            queue._svmkit_in_order = value
+        except AttributeError:
+            pass
+        return bool(value)
 
 
 def check_wait_for(context: cl.Context, wait_for: Iterable[cl.Event] | None) -> list[cl.Event]:

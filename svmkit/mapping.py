@@ -143,7 +143,7 @@ class Mapping:
             wait_pending(wait)  # already mapped: only order after pending work
         else:  # remap the union (a single driver map per allocation)
             unmapped = _unmap(current)
-            alloc.events.record(unmapped)
+            alloc.events.record(unmapped, current.queue)
             state.set_driver(None)
             union_writes = current.writes or writes
             self._driver_map(
@@ -194,7 +194,7 @@ class Mapping:
             release, state.deferred_free = state.deferred_free, None
             try:
                 event = _unmap(current)
-                alloc.events.record(event)
+                alloc.events.record(event, current.queue)
                 event.wait()
             finally:
                 if release is not None:  # the array was freed inside the block

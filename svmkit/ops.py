@@ -30,9 +30,11 @@ from svmkit._validate import (
     check_migrate_to,
     check_no_overlap,
     check_pattern,
+    check_pattern_max,
     check_queue,
     check_same_context,
     check_same_nbytes,
+    context_of,
     span,
 )
 from svmkit.array import SVMArray
@@ -100,7 +102,9 @@ def fill(
     context = alloc.context
     queue = check_queue(queue, context)
     wait = _wait_list(context, wait_for)
-    pattern = check_pattern(value, dst._view.dtype, capabilities(context).max_alignment)
+    pattern = check_pattern(value, dst._view.dtype)
+    if pattern.nbytes > 64:  # every device supports 64-byte vectors (int16)
+        check_pattern_max(pattern.nbytes, capabilities(context).max_alignment)
     check_contiguous(dst, "fill destination")
     nbytes = dst._view.nbytes
     if not nbytes:
@@ -111,7 +115,7 @@ def fill(
         event = _cl._enqueue_svm_memfill(queue, dst, pattern, None, wait)
     except cl.Error as exc:
         raise translate(exc, what="clEnqueueSVMMemFill") from exc
-    alloc.events.record(event)
+    alloc.events.record(event, queue)
     return event
 
 
@@ -182,10 +186,10 @@ def copy(
         raise translate(exc, what="clEnqueueSVMMemcpy", nbytes=nbytes) from exc
     svm_sides = 0
     if isinstance(dst, SVMArray):
-        dst._alloc.events.record(event)
+        dst._alloc.events.record(event, queue)
         svm_sides += 1
     if isinstance(src, SVMArray):
-        src._alloc.events.record(event)
+        src._alloc.events.record(event, queue)
         svm_sides += 1
     if not blocking and svm_sides < 2:
         release_after([event], _KeepAlive((dst_ptr_obj, src_ptr_obj)))
@@ -199,7 +203,7 @@ def _context_of(dst: Any, src: Any, queue: Any) -> cl.Context:
     if isinstance(src, SVMArray):
         return src._alloc.context
     if isinstance(queue, cl.CommandQueue):
-        return queue.context
+        return context_of(queue)
     raise InvalidValueError("copy between two NumPy arrays needs a queue")
 
 
@@ -257,7 +261,7 @@ def migrate(
     context = first._alloc.context
     queue = check_queue(queue, context)
     wait = _wait_list(context, wait_for)
-    if not capabilities(queue.device).migrate:
+    if not _can_migrate(queue):
         raise UnsupportedError(
             f"{queue.device.name} does not support clEnqueueSVMMigrateMem (needs OpenCL 2.1)",
             cl_error="CL_INVALID_OPERATION",
@@ -290,8 +294,22 @@ def migrate(
     except cl.Error as exc:
         raise translate(exc, what="clEnqueueSVMMigrateMem") from exc
     for alloc in allocs:
-        alloc.events.record(event)
+        alloc.events.record(event, queue)
     return event
+
+
+def _can_migrate(queue: cl.CommandQueue) -> bool:
+    """Whether the queue's device has ``clEnqueueSVMMigrateMem`` (OpenCL >= 2.1), cached
+    on the queue."""
+    try:
+        return queue._svmkit_migrate  # type: ignore[no-any-return]
+    except AttributeError:
+        value = bool(capabilities(queue.device).migrate)
+        try:
+            queue._svmkit_migrate = value
+        except AttributeError:
+            pass
+        return value
 
 
 # -- launch -----------------------------------------------------------------------------
@@ -336,10 +354,10 @@ def launch(
     next ``launch`` of it replaces them.
     """
     if queue is None:
-        queue = check_queue(None, kernel.context)
+        queue = check_queue(None, context_of(kernel))
     elif not isinstance(queue, cl.CommandQueue):
-        queue = check_queue(queue, kernel.context)  # raises
-    context = queue.context
+        queue = check_queue(queue, context_of(kernel))  # raises
+    context = context_of(queue)
     check_kernel_context(kernel, context)
     wait = _wait_list(context, wait_for)
     allocs: list[Allocation] = []
@@ -370,7 +388,7 @@ def launch(
     except cl.Error as exc:
         raise translate(exc, what=f"enqueueing kernel {kernel.function_name}") from exc
     for alloc in allocs:
-        alloc.events.record(event)
+        alloc.events.record(event, queue)
     for other in others:  # a work queue that records its own events
         record = getattr(other, "record", None)
         if callable(record):

@@ -395,3 +395,28 @@ def test_every_operation_refuses_freed_arrays(queue, policy):
         lambda: sk.mapped(queue, view),
     ):
         _raises(sk.UseAfterFreeError, None, call)
+
+
+def test_fill_negative_zero_keeps_its_sign(queue):
+    a = sk.zeros(queue.context, 4, np.float64)
+    sk.fill(queue, a, 0.0)
+    sk.fill(queue, a, -0.0)  # equal to 0.0 but different bytes: never served from a cache
+    assert np.signbit(a.get()).all()
+    sk.fill(queue, a, 2.0)
+    sk.fill(queue, a, 2)  # int and float of equal value are different cache keys
+    np.testing.assert_array_equal(a.get(), [2.0] * 4)
+
+
+def test_event_record_keeps_latest_per_in_order_queue(queue):
+    from svmkit.events import EventRecord
+
+    record = EventRecord()
+    gate = cl.UserEvent(queue.context)
+    first = cl.enqueue_marker(queue, wait_for=[gate])
+    second = cl.enqueue_marker(queue)
+    record.record(first, queue)
+    record.record(second, queue)
+    assert record.pending() == [second]  # completes only after `first`
+    gate.set_status(COMPLETE)
+    queue.finish()
+    assert record.pending() == [] and record.take() == []

@@ -1,0 +1,430 @@
+"""svmkit operations vs raw PyOpenCL vs NumPy: per-call cost and bandwidth.
+
+Rows (medians, svmkit and raw PyOpenCL interleaved batch by batch in the same run):
+
+* per-call time of a 64 B fill, copy and migrate, enqueue-only (``blocking=False``, no
+  wait; the queue is drained between timed batches) and blocking (returns when done);
+* a 64 B map/unmap round trip (``with sk.mapped`` vs ``svm.map_rw`` + ``release``);
+* bandwidth of copy and fill at 64 MiB (``--big``: also 1 GiB), with NumPy on host
+  memory of the same size for scale.
+
+Targets: svmkit adds at most 2 µs per enqueue-only call, at most max(2 µs, 5 %) per
+blocking call, and reaches >= 95 % of raw PyOpenCL bandwidth.  Runs unchanged on any
+OpenCL platform (``PYOPENCL_CTX`` selects it); rows for fine-grain SVM or migration are
+skipped, with a note, where the device lacks them.  Prints the table and rewrites this
+script's section of ``benchmarks/RESULTS.md`` (unless ``--no-write``); progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+import svmkit as sk
+
+MiB = 1 << 20
+Row = tuple[str, str, str, str, str, str]
+
+
+def progress(msg: str) -> None:
+    sys.stderr.write(f"[ops] {msg}\n")
+    sys.stderr.flush()
+
+
+def per_call_us(
+    fns: dict[str, Callable[[], Any]], calls: int, batches: int, drain: Callable[[], None]
+) -> dict[str, float]:
+    """Median over batches of the mean per-call time (µs), the variants interleaved."""
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():  # warm up
+        for _ in range(min(calls, 50)):
+            fn()
+        drain()
+    for _ in range(batches):
+        for name, fn in fns.items():
+            t0 = time.perf_counter_ns()
+            for _ in range(calls):
+                fn()
+            samples[name].append((time.perf_counter_ns() - t0) / calls / 1e3)
+            drain()
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def seconds(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
+    """Median wall time (s) of one call of each variant, interleaved."""
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+class _Stub:
+    """Stands in for ``pyopencl._cl``: every SVM enqueue returns a completed event."""
+
+    def __init__(self, done: cl.Event) -> None:
+        self.done = done
+
+    def _enqueue_svm_memfill(self, *args: Any) -> cl.Event:
+        return self.done
+
+    _enqueue_svm_memcpy = _enqueue_svm_migrate_mem = _enqueue_svm_memfill
+    _enqueue_svm_map = _enqueue_svm_unmap = _enqueue_svm_memfill
+
+
+def python_cost(
+    queue: cl.CommandQueue, fns: dict[str, Callable[[], Any]], calls: int, batches: int
+) -> dict[str, float]:
+    """Per-call time of svmkit's own Python work: the driver entry points stubbed out."""
+    import svmkit.mapping
+    import svmkit.ops
+
+    done = cl.enqueue_marker(queue)
+    done.wait()
+    saved = svmkit.ops._cl, svmkit.mapping._cl
+    svmkit.ops._cl = svmkit.mapping._cl = _Stub(done)  # type: ignore[assignment]
+    try:
+        return per_call_us(fns, calls, batches, lambda: None)
+    finally:
+        svmkit.ops._cl, svmkit.mapping._cl = saved
+
+
+class Pair:
+    """Two svmkit arrays of ``nbytes`` and plain PyOpenCL SVM pointers on the same bytes."""
+
+    def __init__(self, ctx: cl.Context, policy: sk.Policy, nbytes: int) -> None:
+        self.a = sk.zeros(ctx, nbytes, np.uint8, policy=policy)
+        self.b = sk.zeros(ctx, nbytes, np.uint8, policy=policy)
+        self.raw_a = cl.SVM(self.a.allocation.u8)
+        self.raw_b = cl.SVM(self.b.allocation.u8)
+
+
+def small_rows(
+    ctx: cl.Context,
+    queue: cl.CommandQueue,
+    policy: sk.Policy,
+    label: str,
+    calls: int,
+    batches: int,
+    migrate: bool,
+) -> list[Row]:
+    p = Pair(ctx, policy, 64)
+    a, b, raw_a, raw_b = p.a, p.b, p.raw_a, p.raw_b
+    pattern = np.zeros(1, np.uint8)
+    host_a, host_b = np.zeros(64, np.uint8), np.ones(64, np.uint8)
+    rows: list[Row] = []
+    finish = queue.finish
+
+    def add(what: str, res: dict[str, float], blocking: bool, numpy: float | None) -> None:
+        sv, raw = res["svmkit"], res["raw"]
+        extra = sv - raw
+        allowed = max(2.0, 0.05 * raw) if blocking else 2.0
+        verdict = "met" if extra <= allowed else "MISSED"
+        np_txt = f"{numpy:.2f}" if numpy is not None else ""
+        rows.append(
+            (
+                f"{label} {what}",
+                f"{sv:.2f}",
+                f"{raw:.2f}",
+                np_txt,
+                f"{extra:+.2f} µs (<= {allowed:.1f})",
+                verdict,
+            )
+        )
+
+    progress(f"{label}: 64 B enqueue-only")
+    np_copy = per_call_us({"np": lambda: np.copyto(host_a, host_b)}, calls, batches, lambda: None)[
+        "np"
+    ]
+    np_fill = per_call_us({"np": lambda: host_a.fill(0)}, calls, batches, lambda: None)["np"]
+    add(
+        "fill 64 B, enqueue-only",
+        per_call_us(
+            {
+                "svmkit": lambda: sk.fill(queue, a, 0),
+                "raw": lambda: cl.enqueue_svm_memfill(queue, raw_a, pattern),
+            },
+            calls,
+            batches,
+            finish,
+        ),
+        False,
+        np_fill,
+    )
+    add(
+        "copy 64 B, enqueue-only",
+        per_call_us(
+            {
+                "svmkit": lambda: sk.copy(queue, a, b, blocking=False),
+                "raw": lambda: cl.enqueue_copy(queue, raw_a, raw_b, is_blocking=False),
+            },
+            calls,
+            batches,
+            finish,
+        ),
+        False,
+        np_copy,
+    )
+    if migrate:
+        add(
+            "migrate 64 B, enqueue-only",
+            per_call_us(
+                {
+                    "svmkit": lambda: sk.migrate(queue, [a]),
+                    "raw": lambda: cl.enqueue_svm_migrate_mem(queue, [raw_a], 0),
+                },
+                calls,
+                batches,
+                finish,
+            ),
+            False,
+            None,
+        )
+
+    progress(f"{label}: 64 B blocking")
+    bcalls = max(calls // 4, 10)
+    add(
+        "fill 64 B, blocking",
+        per_call_us(
+            {
+                "svmkit": lambda: sk.fill(queue, a, 0).wait(),
+                "raw": lambda: cl.enqueue_svm_memfill(queue, raw_a, pattern).wait(),
+            },
+            bcalls,
+            batches,
+            finish,
+        ),
+        True,
+        np_fill,
+    )
+    add(
+        "copy 64 B, blocking",
+        per_call_us(
+            {
+                "svmkit": lambda: sk.copy(queue, a, b),
+                "raw": lambda: cl.enqueue_copy(queue, raw_a, raw_b, is_blocking=True),
+            },
+            bcalls,
+            batches,
+            finish,
+        ),
+        True,
+        np_copy,
+    )
+    if migrate:
+        add(
+            "migrate 64 B, blocking",
+            per_call_us(
+                {
+                    "svmkit": lambda: sk.migrate(queue, [a]).wait(),
+                    "raw": lambda: cl.enqueue_svm_migrate_mem(queue, [raw_a], 0).wait(),
+                },
+                bcalls,
+                batches,
+                finish,
+            ),
+            True,
+            None,
+        )
+
+    def sk_map() -> None:
+        with sk.mapped(queue, a):
+            pass
+
+    if policy.needs_map:
+
+        def raw_map() -> None:
+            m = raw_a.map_rw(queue)
+            m.release().wait()
+
+        add(
+            "map/unmap round trip 64 B",
+            per_call_us({"svmkit": sk_map, "raw": raw_map}, bcalls, batches, finish),
+            True,
+            None,
+        )
+
+    progress(f"{label}: svmkit's own Python cost per call (driver stubbed)")
+    cost = python_cost(
+        queue,
+        {
+            "fill": lambda: sk.fill(queue, a, 0),
+            "copy": lambda: sk.copy(queue, a, b, blocking=False),
+            "copy, blocking": lambda: sk.copy(queue, a, b),
+            "migrate": lambda: sk.migrate(queue, [a]),
+            "mapped round trip": sk_map,
+        },
+        calls,
+        batches,
+    )
+    for what, us in cost.items():
+        if what == "migrate" and not migrate:
+            continue
+        rows.append(
+            (
+                f"{label} {what} 64 B: svmkit Python cost, driver stubbed",
+                f"{us:.2f}",
+                "",
+                "",
+                f"{us:.2f} µs (<= 2.0)",
+                "met" if us <= 2.0 else "MISSED",
+            )
+        )
+    return rows
+
+
+def bandwidth_rows(
+    ctx: cl.Context, queue: cl.CommandQueue, policy: sk.Policy, label: str, nbytes: int, repeat: int
+) -> list[Row]:
+    progress(f"{label}: bandwidth at {nbytes // MiB} MiB")
+    p = Pair(ctx, policy, nbytes)
+    a, b, raw_a, raw_b = p.a, p.b, p.raw_a, p.raw_b
+    pattern = np.zeros(1, np.uint8)
+    host_a, host_b = np.zeros(nbytes, np.uint8), np.ones(nbytes, np.uint8)
+    copy = seconds(
+        {
+            "svmkit": lambda: sk.copy(queue, a, b),
+            "raw": lambda: cl.enqueue_copy(queue, raw_a, raw_b, is_blocking=True),
+            "np": lambda: np.copyto(host_a, host_b),
+        },
+        repeat,
+    )
+    fill = seconds(
+        {
+            "svmkit": lambda: sk.fill(queue, a, 0).wait(),
+            "raw": lambda: cl.enqueue_svm_memfill(queue, raw_a, pattern).wait(),
+            "np": lambda: host_a.fill(0),
+        },
+        repeat,
+    )
+    rows: list[Row] = []
+    size = f"{nbytes // MiB} MiB" if nbytes < 1024 * MiB else f"{nbytes // (1024 * MiB)} GiB"
+    for what, res in (("copy", copy), ("fill", fill)):
+        gbs = {k: nbytes / v / 1e9 for k, v in res.items()}
+        ratio = gbs["svmkit"] / gbs["raw"]
+        rows.append(
+            (
+                f"{label} {what} {size} (GB/s)",
+                f"{gbs['svmkit']:.2f}",
+                f"{gbs['raw']:.2f}",
+                f"{gbs['np']:.2f}",
+                f"{100 * ratio:.1f} % of raw (>= 95)",
+                "met" if ratio >= 0.95 else "MISSED",
+            )
+        )
+    del p
+    return rows
+
+
+def machine_notes(ctx: cl.Context) -> list[str]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    dev = ctx.devices[0]
+    return [
+        f"CPU: {cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, "
+        f"NumPy {np.__version__}, PyOpenCL {cl.VERSION_TEXT}, svmkit {sk.__version__}",
+        f"OpenCL: {dev.platform.name.strip()} {dev.platform.version.strip()}; "
+        f"device {dev.name.strip()} ({dev.version.strip()}, driver {dev.driver_version})",
+    ]
+
+
+def render(rows: list[Row], notes: list[str], cmd: str) -> str:
+    head = ("measurement", "svmkit µs", "raw PyOpenCL µs", "NumPy µs", "svmkit - raw", "target")
+    table = [head, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+    lines = [
+        "",
+        "| " + " | ".join(h.ljust(w) for h, w in zip(head, widths)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    for r in rows:
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+    lines.append("")
+    lines.append(
+        "- Bandwidth rows give GB/s in the svmkit/raw/NumPy columns (NumPy: host "
+        "memory, same size)."
+    )
+    lines += [f"- {n}" for n in notes]
+    lines.append(f"- `{cmd}`, {time.strftime('%Y-%m-%d')}; medians of interleaved batches.")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(table: str, section: str) -> None:
+    path = Path(__file__).resolve().parent / "RESULTS.md"
+    begin, end = f"<!-- {section}:begin -->", f"<!-- {section}:end -->"
+    title = "Operations" + (" (NVIDIA H200)" if section != "ops" else "")
+    body = f"{begin}\n## {title} (`benchmarks/ops.py`)\n{table}{end}"
+    text = path.read_text() if path.exists() else "# svmkit benchmark results\n"
+    if begin in text and end in text:
+        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: body, text, flags=re.S)
+    else:
+        text = text.rstrip("\n") + "\n\n" + body + "\n"
+    path.write_text(text)
+    progress(f"updated {path} ({section})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer calls (a smoke run)")
+    ap.add_argument("--big", action="store_true", help="also 1 GiB copy and fill")
+    ap.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
+    ap.add_argument(
+        "--section",
+        default=None,
+        help="RESULTS.md section name (default: ops, or ops-<vendor> on GPUs)",
+    )
+    args = ap.parse_args(argv)
+    ctx = sk.create_context()
+    queue = cl.CommandQueue(ctx)
+    caps = sk.capabilities(ctx)
+    calls, batches, repeat = (40, 7, 3) if args.quick else (400, 31, 9)
+    notes = machine_notes(ctx)
+    policies = [("coarse", sk.Policy.coarse())]
+    if caps.fine_grain_buffer:
+        policies.append(("fine", sk.Policy.fine()))
+    else:
+        notes.append("fine-grain rows skipped: the device offers coarse-grain SVM only")
+    if not caps.migrate:
+        notes.append("migrate rows skipped: the device predates OpenCL 2.1")
+    rows: list[Row] = []
+    for label, policy in policies:
+        rows += small_rows(ctx, queue, policy, label, calls, batches, caps.migrate)
+    sizes = [64 * MiB] + ([1024 * MiB] if args.big else [])
+    for label, policy in policies:
+        for nbytes in sizes:
+            rows += bandwidth_rows(ctx, queue, policy, label, nbytes, repeat)
+    cmd = "python benchmarks/ops.py" + "".join(
+        f" --{k}" for k in ("quick", "big") if getattr(args, k)
+    )
+    table = render(rows, notes, cmd)
+    sys.stdout.write(table)
+    if not args.no_write:
+        section = args.section or ("ops" if ctx.devices[0].type & cl.device_type.CPU else "ops-gpu")
+        write_results(table, section)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
