@@ -60,6 +60,15 @@ def test_a_class_is_reused_best_fit(ctx: cl.Context) -> None:
     near.free()
 
 
+def test_many_distinct_sizes(ctx: cl.Context) -> None:
+    pool = sk.PoolResource(sk.SVMResource(ctx))
+    for n in range(1, 6000):  # more sizes than the pool memoises classes for
+        a = pool.allocate(n)
+        assert a.nbytes == n and a.u8.size == n
+        a.free()
+    assert pool.info()["upstream_blocks"] == size_class(5999)
+
+
 # -- event-ordered reuse -----------------------------------------------------------------
 def test_block_in_use_by_a_waiting_kernel_is_not_reused(
     ctx: cl.Context, spin: cl.Kernel, policy: sk.Policy
@@ -377,9 +386,9 @@ def _stress(ctx: cl.Context, threads: int, steps: int) -> None:
 
 
 def test_stress_threads_alloc_free(ctx: cl.Context) -> None:
-    _stress(ctx, threads=8, steps=300)
+    _stress(ctx, threads=8, steps=1000)
 
 
 @pytest.mark.stress
 def test_stress_threads_alloc_free_long(ctx: cl.Context) -> None:
-    _stress(ctx, threads=8, steps=20_000)
+    _stress(ctx, threads=8, steps=100_000)

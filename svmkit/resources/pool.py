@@ -126,15 +126,22 @@ class PoolResource(MemoryResource):
             check_alignment(alignment, self.capabilities)
         if not nbytes:
             return Allocation(self, 0, 0)
-        if cls:
-            return self.allocate(nbytes, alignment)
-        block = self._grow(cls, nbytes)  # unpooled: released upstream when freed
-        return _new_allocation(self, block.ptr, nbytes, block.u8, block, block.memo)
+        block = None
+        if cls:  # (an unpooled size is never cached: it goes to upstream and back)
+            with self._lock:
+                block = self._free.pop(cls)
+                if block is not None:
+                    self._in_use_bytes += nbytes
+        if block is None:
+            block = self._grow(cls, nbytes)
+        u8 = block.bytes_for(nbytes)
+        return _new_allocation(self, block.ptr, nbytes, u8, block, block.memo)
 
     def _classify(self, nbytes: int) -> int:
         if isinstance(nbytes, bool) or not isinstance(nbytes, int):
             raise InvalidValueError(f"size must be an int, got {nbytes!r}")
-        check_size(nbytes, self.capabilities)
+        if not 0 < nbytes <= self._max_alloc:
+            check_size(nbytes, self.capabilities)
         if nbytes == 0:
             return 0
         cls = size_class(nbytes)
