@@ -19,6 +19,7 @@ from svmkit.errors import (
     CopyOverlapError,
     InvalidContextError,
     InvalidValueError,
+    SVMError,
     UseAfterFreeError,
 )
 
@@ -42,6 +43,7 @@ __all__ = [
     "check_queue",
     "check_same_context",
     "check_same_nbytes",
+    "check_wait_status",
     "context_of",
     "span",
 ]
@@ -264,6 +266,21 @@ def check_migrate_to(to: Any, content_undefined: bool) -> int:
     if content_undefined:
         flags |= int(cl.mem_migration_flags.CONTENT_UNDEFINED)
     return flags
+
+
+def check_wait_status(events: list[cl.Event] | None, what: str) -> None:
+    """Spec (blocking clEnqueueSVMMemcpy/clEnqueueSVMMap):
+    ``CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST`` if an event of the wait list has a
+    negative (error) status.  Checked before enqueueing: PoCL never runs, nor fails, a
+    command behind a failed event, so waiting for it would hang."""
+    for event in events or ():
+        if event.command_execution_status < 0:
+            raise SVMError(
+                f"{what} waits for an event that failed (status "
+                f"{event.command_execution_status}); a blocking command fails with "
+                "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
+                cl_error="CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
+            )
 
 
 def check_map_mode(mode: Any) -> int:

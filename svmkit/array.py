@@ -19,6 +19,7 @@ import numpy as np
 import pyopencl as cl
 
 from svmkit._queues import default_queue
+from svmkit._validate import check_queue
 from svmkit.errors import InvalidContextError, InvalidValueError, MapStateError, UseAfterFreeError
 from svmkit.events import check_wait_for, release_after, wait_pending
 from svmkit.policy import Policy
@@ -411,8 +412,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         ordering on every implementation.
         """
         alloc = self._alloc
-        if queue.context != alloc.context:
-            raise InvalidContextError("the queue belongs to another context than the array")
+        queue = check_queue(queue, alloc.context)  # CL_INVALID_COMMAND_QUEUE / _CONTEXT
         events = check_wait_for(alloc.context, wait_for)
         if alloc.freed:
             done = cl.UserEvent(alloc.context)

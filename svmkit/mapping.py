@@ -23,7 +23,14 @@ import pyopencl as cl
 from pyopencl import _cl
 
 from svmkit._mapstate import DriverMap, MapState, OpenMap
-from svmkit._validate import MAP_FLAGS, check_live, check_map_mode, check_queue, span
+from svmkit._validate import (
+    MAP_FLAGS,
+    check_live,
+    check_map_mode,
+    check_queue,
+    check_wait_status,
+    span,
+)
 from svmkit.array import SVMArray
 from svmkit.errors import InvalidValueError, translate
 from svmkit.events import check_wait_for, wait_pending
@@ -116,6 +123,7 @@ class Mapping:
             )
         a = self._array
         alloc = check_live(a)
+        check_wait_status(self._wait, "mapped()")
         view = a._view
         if self._flags == _READ:
             view = view.view()

@@ -34,6 +34,7 @@ from svmkit._validate import (
     check_queue,
     check_same_context,
     check_same_nbytes,
+    check_wait_status,
     context_of,
     span,
 )
@@ -178,6 +179,8 @@ def copy(
             event.wait()
         return event
     check_no_overlap(dst_ptr, src_ptr, nbytes)
+    if blocking and wait:
+        check_wait_status(wait, "a blocking copy")
     try:
         event = _cl._enqueue_svm_memcpy(queue, 0, dst_ptr_obj, src_ptr_obj, wait, None)
         if blocking:  # PyOpenCL holds the GIL in a blocking copy; Event.wait releases it

@@ -212,3 +212,11 @@ def test_concurrent_enqueue_free_callbacks_run_exactly_once(ctx, spy):
     assert len(counts) == 200 and set(counts.values()) == {1}
     assert all(a.freed for a in arrays_all)
     assert Counter(p for p, _ in spy.calls) == Counter(ptrs)  # each allocation freed once
+
+
+def test_enqueue_free_needs_a_queue(queue):
+    a = sk.zeros(queue.context, 8)
+    with pytest.raises(sk.InvalidValueError) as err:
+        a.enqueue_free("queue")  # type: ignore[arg-type]
+    assert err.value.cl_error == "CL_INVALID_COMMAND_QUEUE"
+    assert not a.freed

@@ -317,3 +317,13 @@ def test_threads_mapping_slices_of_one_allocation(queue, spy):
     assert not errors
     assert spy.max_open == 1 and spy.maps == spy.unmaps
     np.testing.assert_array_equal(a.get(), np.full(n_threads * per, 25))
+
+
+def test_failed_wait_for_event(queue, policy):
+    a = sk.zeros(queue.context, 4, policy=policy)
+    failed = cl.UserEvent(queue.context)
+    failed.set_status(-1)
+    with pytest.raises(sk.SVMError) as err, sk.mapped(queue, a, wait_for=[failed]):
+        pass
+    assert type(err.value) is sk.SVMError
+    assert err.value.cl_error == "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST"

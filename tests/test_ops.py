@@ -420,3 +420,27 @@ def test_event_record_keeps_latest_per_in_order_queue(queue):
     gate.set_status(COMPLETE)
     queue.finish()
     assert record.pending() == [] and record.take() == []
+
+
+def test_blocking_copy_after_failed_event(queue):
+    a = sk.zeros(queue.context, 4, np.int32)
+    failed = cl.UserEvent(queue.context)
+    failed.set_status(-1)
+    err = _raises(
+        sk.SVMError,
+        "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
+        lambda: sk.copy(queue, a, np.zeros(4, np.int32), wait_for=[failed]),
+    )
+    assert "failed" in str(err)
+
+
+@pytest.mark.parametrize("name", ["copy", "migrate", "launch"])
+def test_non_queue_is_refused(queue, name):
+    a = sk.zeros(queue.context, 4, np.int32)
+    kernel = cl.Kernel(sk.build_program(queue.context, "__kernel void k(__global int *a) {}"), "k")
+    calls = {
+        "copy": lambda: sk.copy("q", a, np.zeros(4, np.int32)),
+        "migrate": lambda: sk.migrate("q", [a]),
+        "launch": lambda: sk.launch("q", kernel, (1,), None, a),
+    }
+    _raises(sk.InvalidValueError, "CL_INVALID_COMMAND_QUEUE", calls[name])
