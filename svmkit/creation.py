@@ -52,7 +52,7 @@ def resolve_resource(
         return current_resource(ctx, policy)
     if not isinstance(resource, MemoryResource):
         raise InvalidValueError(f"resource must be a memory resource, got {resource!r}")
-    if resource.context != ctx:
+    if resource.context is not ctx and resource.context != ctx:
         raise InvalidContextError("the resource serves another context than the one given")
     if policy is not None and policy != resource.policy:
         raise InvalidValueError(
@@ -113,7 +113,7 @@ def empty(
     resource:
         Memory resource to allocate from; default: :func:`svmkit.current_resource`.
     """
-    shape_t = _shape_tuple(shape)
+    shape_t = (shape,) if type(shape) is int and shape >= 0 else _shape_tuple(shape)
     return _new(resolve_resource(ctx, policy, resource), shape_t, np.dtype(dtype), alignment)
 
 

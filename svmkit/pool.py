@@ -28,7 +28,7 @@ _SPECS_LIMIT = 1024
 
 def _spec(shape: Any, dtype: Any) -> _Spec:
     """``(shape tuple, dtype, nbytes)`` for a constructor's arguments (validated)."""
-    shape_t = _shape_tuple(shape)
+    shape_t = (shape,) if type(shape) is int and shape >= 0 else _shape_tuple(shape)
     dt = np.dtype(dtype)
     return shape_t, dt, nbytes_of(shape_t, dt)
 
