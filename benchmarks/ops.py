@@ -74,6 +74,19 @@ def seconds(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+def _busy_loop(us: float) -> Callable[[], Any]:
+    """A pure-Python function that runs about ``us`` microseconds (no OpenCL calls)."""
+    n = 10
+    while True:
+        t0 = time.perf_counter_ns()
+        for _ in range(200):
+            sum(range(n))
+        per = (time.perf_counter_ns() - t0) / 200 / 1e3
+        if per >= us or n > 10_000:
+            return lambda: sum(range(n))
+        n = int(n * max(1.1, us / max(per, 1e-3)))
+
+
 class _Stub:
     """Stands in for ``pyopencl._cl``: every SVM enqueue returns a completed event."""
 
@@ -195,6 +208,32 @@ def small_rows(
             False,
             None,
         )
+
+    # Control: raw calls spaced by pure-Python host work as long as svmkit's own cost.
+    # On a CPU device the driver's worker threads share the cores with the caller, and
+    # the per-call driver time grows with the spacing of calls, whatever fills the gap.
+    busy = _busy_loop(1.3)
+    control = per_call_us(
+        {
+            "raw": lambda: cl.enqueue_svm_memfill(queue, raw_a, pattern),
+            "raw+busy": lambda: (busy(), cl.enqueue_svm_memfill(queue, raw_a, pattern)),
+            "busy": busy,
+        },
+        calls,
+        batches,
+        finish,
+    )
+    rows.append(
+        (
+            f"{label} control: raw fill 64 B after 1.3 µs of host work",
+            f"{control['raw+busy']:.2f}",
+            f"{control['raw']:.2f}",
+            "",
+            f"{control['raw+busy'] - control['raw'] - control['busy']:+.2f} µs beyond "
+            f"the {control['busy']:.2f} µs of host work",
+            "(control)",
+        )
+    )
 
     progress(f"{label}: 64 B blocking")
     bcalls = max(calls // 4, 10)
@@ -365,6 +404,14 @@ def render(rows: list[Row], notes: list[str], cmd: str) -> str:
     lines.append(
         "- Bandwidth rows give GB/s in the svmkit/raw/NumPy columns (NumPy: host "
         "memory, same size)."
+    )
+    lines.append(
+        '- "svmkit Python cost, driver stubbed" rows time svmkit with PyOpenCL\'s enqueue '
+        "entry points replaced by a stub returning a finished event: the work svmkit itself "
+        "adds per call (validation, map-state check, event recording).  On a CPU OpenCL "
+        "device the driver's worker threads share the cores with the caller, so end-to-end "
+        "per-call differences of a few µs also move with the spacing of calls (the control "
+        "row: raw calls spaced by pure-Python work) and with other load on the machine."
     )
     lines += [f"- {n}" for n in notes]
     lines.append(f"- `{cmd}`, {time.strftime('%Y-%m-%d')}; medians of interleaved batches.")
