@@ -18,16 +18,13 @@ script's section of ``benchmarks/RESULTS.md`` (unless ``--no-write``); progress 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import re
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import _common  # benchmarks/_common.py
 import numpy as np
 import pyopencl as cl
 
@@ -38,8 +35,7 @@ Row = tuple[str, str, str, str, str, str]
 
 
 def progress(msg: str) -> None:
-    sys.stderr.write(f"[ops] {msg}\n")
-    sys.stderr.flush()
+    _common.progress("ops", msg)
 
 
 def per_call_us(
@@ -370,25 +366,6 @@ def bandwidth_rows(
     return rows
 
 
-def machine_notes(ctx: cl.Context) -> list[str]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    dev = ctx.devices[0]
-    return [
-        f"CPU: {cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, "
-        f"NumPy {np.__version__}, PyOpenCL {cl.VERSION_TEXT}, svmkit {sk.__version__}",
-        f"OpenCL: {dev.platform.name.strip()} {dev.platform.version.strip()}; "
-        f"device {dev.name.strip()} ({dev.version.strip()}, driver {dev.driver_version})",
-    ]
-
-
 def render(rows: list[Row], notes: list[str], cmd: str) -> str:
     head = ("measurement", "svmkit µs", "raw PyOpenCL µs", "NumPy µs", "svmkit - raw", "target")
     table = [head, *rows]
@@ -418,17 +395,8 @@ def render(rows: list[Row], notes: list[str], cmd: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_results(table: str, section: str) -> None:
-    path = Path(__file__).resolve().parent / "RESULTS.md"
-    begin, end = f"<!-- {section}:begin -->", f"<!-- {section}:end -->"
-    title = "Operations" + (" (NVIDIA H200)" if section != "ops" else "")
-    body = f"{begin}\n## {title} (`benchmarks/ops.py`)\n{table}{end}"
-    text = path.read_text() if path.exists() else "# svmkit benchmark results\n"
-    if begin in text and end in text:
-        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: body, text, flags=re.S)
-    else:
-        text = text.rstrip("\n") + "\n\n" + body + "\n"
-    path.write_text(text)
+def write_results(table: str, section: str, suffix: str) -> None:
+    path = _common.write_section(section, f"Operations{suffix} (`benchmarks/ops.py`)", table)
     progress(f"updated {path} ({section})")
 
 
@@ -447,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     queue = cl.CommandQueue(ctx)
     caps = sk.capabilities(ctx)
     calls, batches, repeat = (40, 7, 3) if args.quick else (400, 31, 9)
-    notes = machine_notes(ctx)
+    notes = _common.machine_notes(ctx)
     policies = [("coarse", sk.Policy.coarse())]
     if caps.fine_grain_buffer:
         policies.append(("fine", sk.Policy.fine()))
@@ -468,8 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     table = render(rows, notes, cmd)
     sys.stdout.write(table)
     if not args.no_write:
-        section = args.section or ("ops" if ctx.devices[0].type & cl.device_type.CPU else "ops-gpu")
-        write_results(table, section)
+        section, suffix = _common.section_name("ops", ctx)
+        write_results(table, args.section or section, suffix)
     return 0
 
 

@@ -18,11 +18,8 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import platform
 import random
-import re
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +27,7 @@ from typing import Any
 
 os.environ.setdefault("POCL_DEVICES", "pthread pthread")
 
+import _common  # benchmarks/_common.py
 import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
@@ -43,7 +41,7 @@ MAX_LIVE = 256
 
 
 def progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    _common.progress("pools", msg)
 
 
 def median_us(fn: Callable[[int], None], iters: int, batches: int) -> float:
@@ -217,24 +215,9 @@ def first_write(
 
 
 def machine_notes(ctx: cl.Context) -> list[str]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    dev = ctx.devices[0]
-    policy = sk.Policy.best(ctx)
-    return [
-        f"CPU: {cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, "
-        f"NumPy {np.__version__}, PyOpenCL {cl.VERSION_TEXT}, svmkit {sk.__version__}",
-        f"OpenCL: {dev.platform.name.strip()} {dev.platform.version.strip()}; "
-        f"device {dev.name.strip()} ({dev.version.strip()}, driver {dev.driver_version}); "
-        f"every row uses {policy}",
-    ]
+    notes = _common.machine_notes(ctx)
+    notes[-1] += f"; every row uses {sk.Policy.best(ctx)}"
+    return notes
 
 
 POOL = "svmkit Pool: pool.empty + free"
@@ -286,15 +269,7 @@ def render(
 
 
 def write_results(table: str, section: str, title: str) -> None:
-    path = HERE / "RESULTS.md"
-    begin, end = f"<!-- {section}:begin -->", f"<!-- {section}:end -->"
-    body = f"{begin}\n## {title} (`benchmarks/pools.py`)\n{table}{end}"
-    text = path.read_text() if path.exists() else "# svmkit benchmark results\n"
-    if begin in text and end in text:
-        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: body, text, flags=re.S)
-    else:
-        text = text.rstrip("\n") + "\n\n" + body + "\n"
-    path.write_text(text)
+    path = _common.write_section(section, f"{title} (`benchmarks/pools.py`)", table)
     progress(f"updated {path} ({section})")
 
 
@@ -334,11 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     ctx = sk.create_context()
-    dev = ctx.devices[0]
-    cpu = dev.type & cl.device_type.CPU
-    vendor = re.sub(r"[^a-z0-9]+", "-", dev.platform.vendor.lower()).strip("-").split("-")[0]
-    section = args.section or ("pools" if cpu else f"pools-{vendor}")
-    title = "Pools" + ("" if cpu else f" ({dev.name.strip()})")
+    section, suffix = _common.section_name("pools", ctx)
+    section = args.section or section
+    title = "Pools" + suffix
     results, first = measure(ctx, args.quick)
     cmd = "python benchmarks/pools.py" + (" --quick" if args.quick else "")
     table = render(results, first, machine_notes(ctx), cmd)

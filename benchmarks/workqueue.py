@@ -21,15 +21,12 @@ script's section of ``benchmarks/RESULTS.md`` (unless ``--no-write``); progress 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import re
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+import _common  # benchmarks/_common.py
 import numpy as np
 import pyopencl as cl
 
@@ -84,8 +81,7 @@ TARGET_COARSE_4096, TARGET_COARSE_P50 = 100e6, 40.0  # items/s, µs per batch
 
 
 def progress(msg: str) -> None:
-    sys.stderr.write(msg + "\n")
-    sys.stderr.flush()
+    _common.progress("workqueue", msg)
 
 
 def wait_done(event: cl.Event) -> None:
@@ -228,26 +224,9 @@ class Batched:
 
 
 def machine_notes(ctx: cl.Context) -> list[str]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    dev = ctx.devices[0]
     from svmkit import _hostatomics
 
-    return [
-        f"CPU: {cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, "
-        f"NumPy {np.__version__}, PyOpenCL {cl.VERSION_TEXT}, svmkit {sk.__version__} "
-        f"(host atomics: {_hostatomics.available_backends()[0]})",
-        f"OpenCL: {dev.platform.name.strip()} {dev.platform.version.strip()}; "
-        f"device {dev.name.strip()} ({dev.max_compute_units} compute units, "
-        f"{dev.version.strip()})",
-    ]
+    return _common.machine_notes(ctx, f" (host atomics: {_hostatomics.available_backends()[0]})")
 
 
 def fmt_rate(x: float) -> str:
@@ -410,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     table = render(rows, notes, args.quick)
     sys.stdout.write(table)
     if not args.no_write:
-        write_results(table)
+        write_results(table, ctx)
     return 0
 
 
@@ -433,19 +412,10 @@ def render(rows: list[tuple[str, str, str, str]], notes: list[str], quick: bool)
     return "\n".join(lines) + "\n"
 
 
-def write_results(table: str) -> None:
-    path = Path(__file__).resolve().parent / "RESULTS.md"
-    begin, end = "<!-- workqueue:begin -->", "<!-- workqueue:end -->"
-    section = f"{begin}\n## Work queue (`benchmarks/workqueue.py`)\n{table}{end}"
-    text = path.read_text() if path.exists() else "# svmkit benchmark results\n"
-    if begin in text and end in text:
-        text = re.sub(
-            re.escape(begin) + ".*?" + re.escape(end), lambda _: section, text, flags=re.S
-        )
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
-    progress(f"updated {path}")
+def write_results(table: str, ctx: cl.Context) -> None:
+    section, suffix = _common.section_name("workqueue", ctx)
+    path = _common.write_section(section, f"Work queue{suffix} (`benchmarks/workqueue.py`)", table)
+    progress(f"updated {path} ({section})")
 
 
 if __name__ == "__main__":

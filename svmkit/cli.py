@@ -40,6 +40,7 @@ def _bench(args: argparse.Namespace) -> int:
         sys.stderr.write(f"svmkit bench: {script} not found (run from a source checkout)\n")
         return 2
     sys.argv = [str(script), *args.bench_args]
+    sys.path.insert(0, str(script.parent))  # as `python benchmarks/NAME.py` would
     runpy.run_path(str(script), run_name="__main__")
     return 0
 
