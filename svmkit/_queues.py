@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import threading
-import weakref
-
 import pyopencl as cl
+
+from svmkit._percontext import PerContext
 
 __all__ = ["default_queue"]
 
-_queues: weakref.WeakKeyDictionary[cl.Context, cl.CommandQueue] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
+_queues: PerContext[cl.CommandQueue] = PerContext(lambda ctx: cl.CommandQueue(ctx, ctx.devices[0]))
 
 
 def default_queue(context: cl.Context) -> cl.CommandQueue:
     """svmkit's in-order queue on the first device of ``context`` (created once)."""
-    queue = _queues.get(context)
-    if queue is None:
-        with _lock:
-            queue = _queues.get(context)
-            if queue is None:
-                queue = cl.CommandQueue(context, context.devices[0])
-                _queues[context] = queue
-    return queue
+    return _queues.get(context)

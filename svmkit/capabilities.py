@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyopencl as cl
 
+from svmkit._percontext import PerContext
 from svmkit.errors import UnsupportedError
 
 __all__ = [
@@ -183,7 +183,20 @@ def combine(per_device: tuple[Capabilities, ...]) -> Capabilities:
 
 
 _context_cache: dict[tuple[int, ...], Capabilities] = {}
-_by_context: weakref.WeakKeyDictionary[cl.Context, Capabilities] = weakref.WeakKeyDictionary()
+
+
+def _context_capabilities(ctx: cl.Context) -> Capabilities:
+    devices = ctx.devices
+    key = tuple(d.int_ptr for d in devices)
+    caps = _context_cache.get(key)
+    if caps is None:
+        caps = combine(tuple(_device_capabilities(d) for d in devices))
+        with _cache_lock:
+            _context_cache[key] = caps
+    return caps
+
+
+_by_context: PerContext[Capabilities] = PerContext(_context_capabilities)
 
 
 def capabilities(ctx_or_device: cl.Context | cl.Device) -> Capabilities:
@@ -194,9 +207,7 @@ def capabilities(ctx_or_device: cl.Context | cl.Device) -> Capabilities:
     """
     if isinstance(ctx_or_device, cl.Device):
         return _device_capabilities(ctx_or_device)
-    caps = _by_context.get(ctx_or_device)
-    if caps is not None:
-        return caps
+    return _by_context.get(ctx_or_device)
     devices = ctx_or_device.devices
     key = tuple(d.int_ptr for d in devices)
     caps = _context_cache.get(key)

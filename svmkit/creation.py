@@ -6,14 +6,13 @@ Each draws its allocation from a memory resource (the current one by default, se
 
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Any
 
 import numpy as np
 import pyopencl as cl
 
 from svmkit import _icd
+from svmkit._percontext import PerContext
 from svmkit._queues import default_queue
 from svmkit.array import SVMArray, _shape_tuple, nbytes_of
 from svmkit.errors import InvalidContextError, InvalidValueError
@@ -23,8 +22,7 @@ from svmkit.resources.current import current_resource
 
 __all__ = ["asarray", "empty", "empty_like", "full", "ones", "zeros", "zeros_like"]
 
-_best: weakref.WeakKeyDictionary[cl.Context, Policy] = weakref.WeakKeyDictionary()
-_best_lock = threading.Lock()
+_best: PerContext[Policy] = PerContext(Policy.best)
 _MEMO_VIEWS = 8  # typed views cached per pooled block
 _wrap = SVMArray._wrap
 _FILL_PATTERN_SIZES = frozenset({1, 2, 4, 8, 16, 32, 64, 128})
@@ -32,12 +30,7 @@ _FILL_PATTERN_SIZES = frozenset({1, 2, 4, 8, 16, 32, 64, 128})
 
 def best_policy(ctx: cl.Context) -> Policy:
     """``Policy.best(ctx)``, computed once per context."""
-    policy = _best.get(ctx)
-    if policy is None:
-        policy = Policy.best(ctx)
-        with _best_lock:
-            _best[ctx] = policy
-    return policy
+    return _best.get(ctx)
 
 
 def resolve_resource(

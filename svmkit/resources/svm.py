@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import weakref
 from typing import Any
 
 import numpy as np
 import pyopencl as cl
 
 from svmkit import _icd
+from svmkit._percontext import PerContext
 from svmkit.capabilities import capabilities, check_context_layout
 from svmkit.errors import OutOfMemoryError
 from svmkit.events import release_after
@@ -23,17 +23,12 @@ log = logging.getLogger(__name__)
 
 # Some drivers (NVIDIA's OpenCL) return NULL from clSVMAlloc when another thread allocates
 # or frees SVM at the same time: driver allocation and freeing are serialised per context.
-_context_locks: weakref.WeakKeyDictionary[cl.Context, threading.Lock] = weakref.WeakKeyDictionary()
-_context_locks_guard = threading.Lock()
+_driver_locks: PerContext[threading.Lock] = PerContext(lambda _ctx: threading.Lock())
 
 
 def driver_lock(context: cl.Context) -> threading.Lock:
     """The lock that serialises ``clSVMAlloc``/``clSVMFree`` on ``context``."""
-    lock = _context_locks.get(context)
-    if lock is None:
-        with _context_locks_guard:
-            lock = _context_locks.setdefault(context, threading.Lock())
-    return lock
+    return _driver_locks.get(context)
 
 
 class SVMResource(MemoryResource):
