@@ -321,7 +321,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         queue = self._queue_for(queue)
         if self.contiguous:
             target = out if self._view.flags.c_contiguous else np.asfortranarray(out)
-            cl.enqueue_copy(queue, target, self, wait_for=pending, is_blocking=True)
+            _copy_and_wait(queue, target, self, pending)
             if target is not out:
                 out[...] = target
             return out
@@ -356,21 +356,21 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
             # PyOpenCL wraps the source as an SVM pointer, which needs a writable buffer.
             flags = src.flags
             data = src if flags.c_contiguous and flags.writeable else np.array(src, order="C")
-            cl.enqueue_copy(queue, self, data, wait_for=pending, is_blocking=True)
+            _copy_and_wait(queue, self, data, pending)
             return
         # Strided COARSE view: read the bytes it spans, patch them, write them back.
         span = self._read_span(queue, pending)
         self._strided(span)[...] = src
         lo, hi = byte_extent(self._view)
         dst = cl.SVM(alloc.u8[lo - alloc.ptr : hi - alloc.ptr])
-        cl.enqueue_copy(queue, dst, span, is_blocking=True)
+        _copy_and_wait(queue, dst, span, [])
 
     def _read_span(self, queue: cl.CommandQueue, pending: list[cl.Event]) -> np.ndarray[Any, Any]:
         alloc = self._alloc
         lo, hi = byte_extent(self._view)
         span = np.empty(hi - lo, np.uint8)
         src = cl.SVM(alloc.u8[lo - alloc.ptr : hi - alloc.ptr])
-        cl.enqueue_copy(queue, span, src, wait_for=pending, is_blocking=True)
+        _copy_and_wait(queue, span, src, pending)
         return span
 
     def _strided(self, span: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -418,6 +418,13 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
             done = cl.UserEvent(alloc.context)
             done.set_status(cl.command_execution_status.COMPLETE)
             return done
+        state = alloc.map_state
+        if state is not None and state.maps:
+            raise MapStateError(
+                f"enqueue_free() of a {self._describe()} while it is mapped on the host: "
+                "leave the `mapped` block first (the spec forbids freeing mapped memory "
+                "before it is unmapped)"
+            )
         marker = cl.enqueue_marker(queue, wait_for=events or None)
         alloc.events.record(marker)
         alloc.free()
@@ -431,6 +438,12 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
 
     def __exit__(self, *exc: object) -> None:
         self.free()
+
+
+def _copy_and_wait(queue: cl.CommandQueue, dst: Any, src: Any, wait_for: list[cl.Event]) -> None:
+    """``clEnqueueSVMMemcpy`` then wait: PyOpenCL holds the GIL inside a *blocking* SVM
+    copy, so a ``wait_for`` event that another Python thread completes would deadlock."""
+    cl.enqueue_copy(queue, dst, src, wait_for=wait_for or None, is_blocking=False).wait()
 
 
 class _Once:

@@ -265,3 +265,33 @@ def test_repr_does_not_touch_memory(ctx):
     assert "shape=(2, 2)" in text and "COARSE" in text
     a.free()
     assert "freed" in repr(a)
+
+
+@pytest.mark.needs("coarse")
+def test_get_and_set_wait_for_work_another_thread_completes(ctx, queue):
+    # A blocking copy in PyOpenCL holds the GIL; get/set must still let the thread that
+    # completes the recorded event run.
+    a = sk.zeros(ctx, 4, np.int32, policy=sk.Policy.coarse())
+    for action in (lambda: a.set([5, 6, 7, 8], queue), lambda: a.get(queue)):
+        gate = cl.UserEvent(ctx)
+        a.record(gate)
+        timer = threading.Timer(0.2, gate.set_status, (cl.command_execution_status.COMPLETE,))
+        timer.start()
+        action()
+        timer.join()
+        assert gate.command_execution_status == cl.command_execution_status.COMPLETE
+    assert a.get(queue).tolist() == [5, 6, 7, 8]
+
+
+@pytest.mark.needs("coarse")
+def test_enqueue_free_of_a_mapped_array_is_refused_and_loses_nothing(ctx, queue):
+    a = sk.asarray(ctx, np.arange(4, dtype=np.int32), policy=sk.Policy.coarse())
+    with sk.mapped(queue, a, "rw") as host:
+        with pytest.raises(sk.MapStateError, match="mapped") as info:
+            a.enqueue_free(queue)
+        assert info.value.cl_error is None
+        assert not a.freed
+        host[0] = 9
+    assert a.get(queue).tolist() == [9, 1, 2, 3]
+    a.enqueue_free(queue).wait()
+    assert a.freed
