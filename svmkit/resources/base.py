@@ -31,7 +31,10 @@ def host_bytes(ptr: int, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
     """A writable uint8 NumPy view of ``nbytes`` at address ``ptr`` (no copy, no access)."""
     if nbytes == 0:
         return np.empty(0, np.uint8)
-    return np.frombuffer((ctypes.c_uint8 * nbytes).from_address(ptr), np.uint8)
+    view: np.ndarray[Any, np.dtype[np.uint8]] = np.frombuffer(
+        memoryview((ctypes.c_uint8 * nbytes).from_address(ptr)).cast("B"), np.uint8
+    )
+    return view
 
 
 class Allocation:
