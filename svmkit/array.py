@@ -207,7 +207,8 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
             return
         state = alloc.map_state
         lo, hi = self.byte_range()
-        if state is None or not state.covers(lo, hi):
+        # A zero-byte array touches no memory (and `mapped` registers no map for it).
+        if lo < hi and (state is None or not state.covers(lo, hi)):
             raise MapStateError(
                 f"host access to a coarse-grain {self._describe()} outside a map: the spec "
                 "lets the host touch coarse-grain SVM only while it is mapped; use "
