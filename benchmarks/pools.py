@@ -44,9 +44,17 @@ def progress(msg: str) -> None:
     _common.progress("pools", msg)
 
 
-def median_us(fn: Callable[[int], None], iters: int, batches: int) -> float:
-    """Median over ``batches`` of the µs per iteration of ``fn(iters)``."""
-    fn(max(1, iters // 4))  # warm up (fills pools, builds caches)
+def median_us(fn: Callable[[int], None], iters: int, batches: int, budget_s: float = 3.0) -> float:
+    """Median over ``batches`` of the µs per iteration of ``fn(iters)``.
+
+    ``iters`` shrinks so one measurement takes about ``budget_s`` (a raw driver allocation
+    can cost a millisecond, where a pooled one costs a microsecond).
+    """
+    t0 = time.perf_counter_ns()
+    fn(10)  # warm up (fills pools, builds caches) and calibrate
+    per_iter_s = (time.perf_counter_ns() - t0) / 10 / 1e9
+    iters = max(1, min(iters, int(budget_s / batches / max(per_iter_s, 1e-9))))
+    fn(max(1, iters // 4))
     times = []
     for _ in range(batches):
         t0 = time.perf_counter_ns()

@@ -251,8 +251,8 @@ def test_max_cached_bytes_sends_the_excess_upstream(ctx: cl.Context) -> None:
 # -- sk.Pool and the adaptors' figures ----------------------------------------------------
 def test_pool_convenience_constructors_and_stats(ctx: cl.Context, policy: sk.Policy) -> None:
     pool = sk.Pool(ctx, policy)
-    assert isinstance(pool.upstream, sk.PoolResource)
-    assert isinstance(pool.upstream.upstream, sk.SVMResource)
+    assert isinstance(pool, sk.PoolResource)  # statistics are the pool's own counters
+    assert isinstance(pool.upstream, sk.SVMResource)
     a = pool.empty((4, 4), np.float32)
     z = pool.zeros(10, np.int64)
     o = pool.ones(3)

@@ -92,6 +92,10 @@ class PoolResource(MemoryResource):
         self._upstream_bytes = 0  # bytes of every block the pool holds from upstream
         self._upstream_blocks = 0  # blocks the pool holds from upstream
         self._upstream_allocations = 0  # upstream.allocate calls that succeeded
+        # Statistics (StatisticsAdaptor's counters, kept under the pool's own lock so a
+        # pooled allocation takes one lock, not three).
+        self._live = self._peak_live = self._peak_bytes = 0
+        self._total_bytes = self._total_allocations = 0
 
     # -- allocation ------------------------------------------------------------------------
     def allocate(self, nbytes: int, alignment: int = 0) -> Allocation:
@@ -112,7 +116,7 @@ class PoolResource(MemoryResource):
             else:
                 block = free.pop(cls)
             if block is not None:
-                self._in_use_bytes += nbytes
+                self._count_out(nbytes)
         finally:
             lock.release()
         if block is None:
@@ -131,7 +135,7 @@ class PoolResource(MemoryResource):
             with self._lock:
                 block = self._free.pop(cls)
                 if block is not None:
-                    self._in_use_bytes += nbytes
+                    self._count_out(nbytes)
         if block is None:
             block = self._grow(cls, nbytes)
         u8 = block.bytes_for(nbytes)
@@ -180,8 +184,19 @@ class PoolResource(MemoryResource):
             self._upstream_bytes += block.size
             self._upstream_blocks += 1
             self._upstream_allocations += 1
-            self._in_use_bytes += nbytes
+            self._count_out(nbytes)
         return block
+
+    def _count_out(self, nbytes: int) -> None:
+        """Count an allocation handed out (the caller holds the lock)."""
+        in_use = self._in_use_bytes = self._in_use_bytes + nbytes
+        if in_use > self._peak_bytes:
+            self._peak_bytes = in_use
+        live = self._live = self._live + 1
+        if live > self._peak_live:
+            self._peak_live = live
+        self._total_bytes += nbytes
+        self._total_allocations += 1
 
     def _out_of_memory(self, nbytes: int, size: int, cause: OutOfMemoryError) -> OutOfMemoryError:
         figures = self.info()
@@ -212,6 +227,7 @@ class PoolResource(MemoryResource):
         lock.acquire()
         try:
             self._in_use_bytes -= allocation.nbytes
+            self._live -= 1
             free = self._free
             keep = block.cls and (limit is None or free.cached_bytes + block.size <= limit)
             if keep and not events and block.cls in free.ready:  # FreeList.push inlined
@@ -268,6 +284,21 @@ class PoolResource(MemoryResource):
                 "live_allocations": self._upstream_blocks - len(free),
                 "cached_blocks": len(free),
                 "upstream_allocations": self._upstream_allocations,
+            }
+
+    def statistics(self) -> dict[str, int]:
+        """The counters :class:`StatisticsAdaptor` keeps, for allocations of this pool:
+        ``current_bytes``, ``peak_bytes``, ``total_bytes``, ``current_allocations``,
+        ``peak_allocations``, ``total_allocations`` (bytes asked for; a consistent
+        snapshot)."""
+        with self._lock:
+            return {
+                "current_bytes": self._in_use_bytes,
+                "peak_bytes": self._peak_bytes,
+                "total_bytes": self._total_bytes,
+                "current_allocations": self._live,
+                "peak_allocations": self._peak_live,
+                "total_allocations": self._total_allocations,
             }
 
     @property
