@@ -115,8 +115,15 @@ class PoolResource(MemoryResource):
                 free.ready_bytes -= block.size  # type: ignore[union-attr]
             else:
                 block = free.pop(cls)
-            if block is not None:
-                self._count_out(nbytes)
+            if block is not None:  # _count_out, inlined on the hot path
+                in_use = self._in_use_bytes = self._in_use_bytes + nbytes
+                if in_use > self._peak_bytes:
+                    self._peak_bytes = in_use
+                live = self._live = self._live + 1
+                if live > self._peak_live:
+                    self._peak_live = live
+                self._total_bytes += nbytes
+                self._total_allocations += 1
         finally:
             lock.release()
         if block is None:
