@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     base_rates: dict[tuple[int, int], float] = {}
     base_p50: dict[tuple[int, int], float] = {}
     counts = {1: int(20_000 * scale), 64: int(20_000 * scale), 4096: int(4_000 * scale)}
-    for depth in (1, 4):
+    for depth in (1, 4, 8):
         for b in BATCHES:
             nb = max(8, counts[b])
             data = np.arange(nb * b, dtype=np.int64)

@@ -89,3 +89,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if len(keep) != len(items):
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
+
+
+@pytest.fixture(scope="session")
+def other_ctx(ctx: cl.Context) -> cl.Context:
+    """A second context on the same device (for CL_INVALID_CONTEXT checks)."""
+    return cl.Context([ctx.devices[0]])
+
+
+@pytest.fixture
+def foreign_event(other_ctx: cl.Context) -> cl.UserEvent:
+    """A completed event of another context.
+
+    Completed, because some drivers (NVIDIA's) block in clReleaseContext while a user
+    event of the context is still incomplete.
+    """
+    event = cl.UserEvent(other_ctx)
+    event.set_status(cl.command_execution_status.COMPLETE)
+    return event

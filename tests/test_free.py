@@ -45,11 +45,6 @@ def raw(ctx: cl.Context, policy: sk.Policy) -> sk.SVMResource:
     return sk.SVMResource(ctx, policy)
 
 
-@pytest.fixture(scope="module")
-def other_ctx(ctx: cl.Context) -> cl.Context:
-    return cl.Context([ctx.devices[0]])
-
-
 def test_free_waits_for_recorded_commands(queue, raw, spy):
     a = sk.zeros(queue.context, 1024, np.int32, resource=raw)
     src = np.arange(1024, dtype=np.int32)
@@ -138,13 +133,13 @@ def test_enqueue_free_of_freed_array(queue, raw, spy):
     assert calls == [] and spy.count(ptr) == 1
 
 
-def test_enqueue_free_contexts(queue, other_ctx):
+def test_enqueue_free_contexts(queue, other_ctx, foreign_event):
     a = sk.zeros(queue.context, 8)
     with pytest.raises(sk.InvalidContextError) as err:
         a.enqueue_free(cl.CommandQueue(other_ctx))
     assert err.value.cl_error == "CL_INVALID_CONTEXT"
     with pytest.raises(sk.InvalidContextError) as err:
-        a.enqueue_free(queue, wait_for=[cl.UserEvent(other_ctx)])
+        a.enqueue_free(queue, wait_for=[foreign_event])
     assert err.value.cl_error == "CL_INVALID_CONTEXT"
     assert not a.freed
 

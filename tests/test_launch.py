@@ -42,11 +42,6 @@ def program(ctx: cl.Context) -> cl.Program:
     return sk.build_program(ctx, SOURCE)
 
 
-@pytest.fixture(scope="module")
-def other_ctx(ctx: cl.Context) -> cl.Context:
-    return cl.Context([ctx.devices[0]])
-
-
 def test_linked_structure_across_two_arrays(queue, policy, program, caps):
     assert caps.address_bits == 64
     ctx = queue.context
@@ -182,7 +177,7 @@ def test_map_state_checks(queue, program):
         sk.launch(queue, kernel, (4,), None, a, uses=[ro])
 
 
-def test_contexts_and_bad_uses(queue, program, other_ctx):
+def test_contexts_and_bad_uses(queue, program, other_ctx, foreign_event):
     a = sk.zeros(queue.context, 4, np.int32)
     b = sk.zeros(other_ctx, 4, np.int32)
     kernel = cl.Kernel(program, "twice")
@@ -190,7 +185,7 @@ def test_contexts_and_bad_uses(queue, program, other_ctx):
         lambda: sk.launch(cl.CommandQueue(other_ctx), kernel, (4,), None, b),
         lambda: sk.launch(queue, kernel, (4,), None, b),
         lambda: sk.launch(queue, kernel, (4,), None, a, uses=[b]),
-        lambda: sk.launch(queue, kernel, (4,), None, a, wait_for=[cl.UserEvent(other_ctx)]),
+        lambda: sk.launch(queue, kernel, (4,), None, a, wait_for=[foreign_event]),
     ):
         with pytest.raises(sk.InvalidContextError) as err:
             call()

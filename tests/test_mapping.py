@@ -51,11 +51,6 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> DriverSpy:
     return s
 
 
-@pytest.fixture(scope="module")
-def other_ctx(ctx: cl.Context) -> cl.Context:
-    return cl.Context([ctx.devices[0]])
-
-
 @pytest.mark.parametrize("mode", ["w", "rw", "w_invalidate"])
 def test_write_modes_reach_the_device(queue, policy, mode):
     a = sk.zeros(queue.context, 32, np.int32, policy=policy)
@@ -226,13 +221,13 @@ def test_bad_mode(queue, mode):
     assert err.value.cl_error == "CL_INVALID_VALUE"
 
 
-def test_other_context(queue, other_ctx):
+def test_other_context(queue, other_ctx, foreign_event):
     a = sk.zeros(queue.context, 4, policy=sk.Policy.coarse())
     with pytest.raises(sk.InvalidContextError) as err:
         sk.mapped(cl.CommandQueue(other_ctx), a)
     assert err.value.cl_error == "CL_INVALID_CONTEXT"
     with pytest.raises(sk.InvalidContextError) as err:
-        sk.mapped(queue, a, wait_for=[cl.UserEvent(other_ctx)])
+        sk.mapped(queue, a, wait_for=[foreign_event])
     assert err.value.cl_error == "CL_INVALID_CONTEXT"
 
 

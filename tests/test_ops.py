@@ -17,11 +17,6 @@ from svmkit.resources.base import Allocation
 COMPLETE = cl.command_execution_status.COMPLETE
 
 
-@pytest.fixture(scope="module")
-def other_ctx(ctx: cl.Context) -> cl.Context:
-    return cl.Context([ctx.devices[0]])
-
-
 def _raises(cls: type[sk.SVMError], cl_error: str | None, fn) -> sk.SVMError:  # type: ignore[no-untyped-def]
     with pytest.raises(cls) as err:
         fn()
@@ -132,7 +127,7 @@ def test_fill_records_its_event_and_orders_after_wait_for(queue, policy):
     np.testing.assert_array_equal(a.get(), np.full(16, 5))  # get() waits for recorded work
 
 
-def test_fill_contexts(queue, other_ctx):
+def test_fill_contexts(queue, other_ctx, foreign_event):
     a = sk.zeros(queue.context, 4, np.int32)
     _raises(
         sk.InvalidContextError,
@@ -142,7 +137,7 @@ def test_fill_contexts(queue, other_ctx):
     _raises(
         sk.InvalidContextError,
         "CL_INVALID_CONTEXT",
-        lambda: sk.fill(queue, a, 1, wait_for=[cl.UserEvent(other_ctx)]),
+        lambda: sk.fill(queue, a, 1, wait_for=[foreign_event]),
     )
     _raises(
         sk.InvalidValueError,
@@ -251,7 +246,7 @@ def test_copy_overlap_through_host_view_of_fine_memory(queue):
     )
 
 
-def test_copy_contexts(queue, other_ctx):
+def test_copy_contexts(queue, other_ctx, foreign_event):
     a = sk.zeros(queue.context, 4, np.int32)
     b = sk.zeros(other_ctx, 4, np.int32)
     _raises(sk.InvalidContextError, "CL_INVALID_CONTEXT", lambda: sk.copy(queue, a, b))
@@ -259,7 +254,7 @@ def test_copy_contexts(queue, other_ctx):
     _raises(
         sk.InvalidContextError,
         "CL_INVALID_CONTEXT",
-        lambda: sk.copy(queue, a, np.zeros(4, np.int32), wait_for=[cl.UserEvent(other_ctx)]),
+        lambda: sk.copy(queue, a, np.zeros(4, np.int32), wait_for=[foreign_event]),
     )
     _raises(
         sk.InvalidContextError,
@@ -364,14 +359,14 @@ def test_migrate_zero_size_views_migrate_nothing(queue):
     assert event.command_type == cl.command_type.MARKER
 
 
-def test_migrate_contexts_and_types(queue, other_ctx):
+def test_migrate_contexts_and_types(queue, other_ctx, foreign_event):
     a = sk.zeros(queue.context, 4)
     b = sk.zeros(other_ctx, 4)
     _raises(sk.InvalidContextError, "CL_INVALID_CONTEXT", lambda: sk.migrate(queue, [a, b]))
     _raises(
         sk.InvalidContextError,
         "CL_INVALID_CONTEXT",
-        lambda: sk.migrate(queue, [a], wait_for=[cl.UserEvent(other_ctx)]),
+        lambda: sk.migrate(queue, [a], wait_for=[foreign_event]),
     )
     _raises(sk.InvalidValueError, "CL_INVALID_VALUE", lambda: sk.migrate(queue, [np.zeros(4)]))  # type: ignore[list-item]
 
