@@ -29,6 +29,15 @@ def test_readme_python_blocks_run_in_order():
     assert "[ 0.  1.  4.  9. 16. 25. 36. 49.]" in printed
     assert "refused: MapStateError" in printed
     assert "CL_INVALID_VALUE" in printed
+    assert "no commands on mapped memory\n21.0" in printed
+    assert "[1.5 7.  1.5]" in printed and "CL_MEM_COPY_OVERLAP" in printed
+    assert "[9 3 6 0]" in printed  # the kernel followed pointers the host stored
+    assert "1000 0 1" in printed and "limit reached: 8388608" in printed
+    caps = namespace["sk"].capabilities(namespace["ctx"])  # type: ignore[attr-defined]
+    if caps.fine_grain_buffer and caps.atomics:
+        assert "[   9 9801]" in printed
+    else:
+        assert "no work queue here" in printed
 
 
 @pytest.mark.skipif(not README.is_file(), reason="README.md is not beside the tests")
