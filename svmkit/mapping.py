@@ -146,7 +146,11 @@ class Mapping:
         wait = alloc.events.pending() + self._wait
         current = state.driver
         if current is None:
-            self._driver_map(state, alloc, lo, hi, writes, self._flags, wait)
+            # The array itself is an SVM pointer object over exactly [lo, hi) when it is
+            # contiguous: no new pointer object on the common path.
+            a = self._array
+            own = a if a._view.flags.c_contiguous or a._view.flags.f_contiguous else None
+            self._driver_map(state, alloc, lo, hi, writes, self._flags, wait, own)
         elif current.start <= lo and hi <= current.stop and (current.writes or not writes):
             wait_pending(wait)  # already mapped: only order after pending work
         else:  # remap the union (a single driver map per allocation)
@@ -173,8 +177,10 @@ class Mapping:
         writes: bool,
         flags: int,
         wait: list[cl.Event],
+        svm: Any = None,
     ) -> None:
-        svm = cl.SVM(alloc.u8[lo:hi])
+        if svm is None:
+            svm = cl.SVM(alloc.u8[lo:hi])
         try:
             # Non-blocking enqueue, then wait: PyOpenCL holds the GIL inside a blocking
             # map, which deadlocks when another Python thread must complete ``wait``.
