@@ -104,7 +104,7 @@ OVERLAP = (sk.CopyOverlapError, "CL_MEM_COPY_OVERLAP")
 # -- the model ----------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)
 class AllocModel:
     """The bytes of one allocation as svmkit should hold them."""
 
@@ -123,7 +123,7 @@ class AllocModel:
         return self.policy.granularity is sk.Granularity.COARSE
 
 
-@dataclass
+@dataclass(eq=False)
 class Handle:
     """One SVMArray (array or view) and the model view that mirrors it."""
 
@@ -157,7 +157,7 @@ class Handle:
         return int(self.model.nbytes)
 
 
-@dataclass
+@dataclass(eq=False)
 class OpenModel:
     """An open ``mapped`` block."""
 

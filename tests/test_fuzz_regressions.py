@@ -21,3 +21,33 @@ def test_zero_byte_coarse_array_host_access_needs_no_map(ctx):
     with pytest.raises(sk.MapStateError) as info:
         _ = b[3:4].host  # one byte outside a map is still refused
     assert info.value.cl_error is None
+
+
+@pytest.mark.parametrize("cycle", [False, True])
+def test_pooled_array_dying_in_a_reference_cycle_keeps_its_block_valid(ctx, cycle):
+    # Found by the fuzzer (heap corruption in PoCL's allocator): a pooled array that died
+    # in a reference cycle took its Block and the block's upstream allocation into the
+    # garbage; the collector ran clSVMFree on the upstream memory while the array's own
+    # finaliser put the block back in the cache, and the pool then handed out freed memory.
+    import gc
+
+    pool = sk.Pool(ctx)
+
+    class Holder:
+        pass
+
+    h = Holder()
+    h.a = pool.full(100, 5, np.uint8)
+    if cycle:
+        h.self = h
+    del h
+    gc.collect()
+    b = pool.full(100, 7, np.uint8)  # the cached block again
+    assert b.allocation.block.upstream.freed is False
+    others = [sk.full(ctx, 100, 9, np.uint8) for _ in range(8)]
+    lo, hi = b.ptr, b.ptr + 100
+    assert all(o.ptr + 100 <= lo or o.ptr >= hi for o in others)
+    np.testing.assert_array_equal(b.get(), np.full(100, 7, np.uint8))
+    b.free()
+    pool.trim()
+    assert pool.stats()["upstream_bytes"] == 0

@@ -86,6 +86,11 @@ class PoolResource(MemoryResource):
         self.max_cached_bytes = max_cached_bytes
         self._max_alloc = min(d.max_alloc_bytes for d in self.capabilities.devices)
         self._free = FreeList()
+        # Every upstream allocation behind a block, held by the pool itself: a pooled
+        # array that dies in a reference cycle takes its Block along into the garbage, and
+        # the collector would run the upstream allocation's finaliser (clSVMFree) while the
+        # dying array's own finaliser puts the block back in the cache for reuse.
+        self._held: dict[int, Allocation] = {}
         self._lock = threading.Lock()
         self._classes: dict[int, int] = {}
         self._in_use_bytes = 0  # bytes asked for by live allocations
@@ -188,6 +193,7 @@ class PoolResource(MemoryResource):
             )
         block = Block(cls, upstream)
         with self._lock:
+            self._held[block.ptr] = upstream
             self._upstream_bytes += block.size
             self._upstream_blocks += 1
             self._upstream_allocations += 1
@@ -245,6 +251,7 @@ class PoolResource(MemoryResource):
             else:
                 self._upstream_bytes -= block.size
                 self._upstream_blocks -= 1
+                self._held.pop(block.ptr, None)
         finally:
             lock.release()
         if not keep:
@@ -264,6 +271,8 @@ class PoolResource(MemoryResource):
             released = sum(block.size for block, _ in cached)
             self._upstream_bytes -= released
             self._upstream_blocks -= len(cached)
+            for block, _ in cached:
+                self._held.pop(block.ptr, None)
         for block, events in cached:
             _release_upstream(block, events)
         return released
