@@ -360,7 +360,8 @@ class WorkQueue:
         Each call claims as many free slots as it can with one atomic operation.  On
         timeout raises :class:`TimeoutError` whose ``.pushed`` counts the leading items
         that went in; after :meth:`close`, :class:`~svmkit.QueueClosed` (``.pushed``
-        likewise).
+        likewise).  Any other exception escaping the wait (``KeyboardInterrupt``) also
+        carries ``.pushed``.
         """
         src = np.ascontiguousarray(array, dtype=self._dtype).reshape(-1)
         if self._encode is not None:
@@ -370,25 +371,33 @@ class WorkQueue:
         done = 0
         deadline: float | None = None
         round_ = 0
-        while done < n:
-            k = ring.try_push_many(src, done)
-            if k > 0:  # (no backoff reset: a producer kept waiting on a full ring
-                done += k  # escalates to sleeping instead of spinning against consumers)
-                continue
-            if k < 0:
-                err = QueueClosed(f"push_many on a closed work queue ({done} of {n} items went in)")
-                err.pushed = done  # type: ignore[attr-defined]
-                raise err
-            if timeout is not None:
-                if deadline is None:
-                    deadline = time.monotonic() + timeout
-                elif _expired(deadline):
-                    raise WorkQueueTimeout(
-                        f"push_many timed out after {timeout} s with {done} of {n} items pushed",
-                        pushed=done,
+        try:
+            while done < n:
+                k = ring.try_push_many(src, done)
+                if k > 0:  # (no backoff reset: a producer kept waiting on a full ring
+                    done += k  # escalates to sleeping instead of spinning against consumers)
+                    continue
+                if k < 0:
+                    err = QueueClosed(
+                        f"push_many on a closed work queue ({done} of {n} items went in)"
                     )
-            _backoff(ring, False, round_)
-            round_ += 1
+                    err.pushed = done  # type: ignore[attr-defined]
+                    raise err
+                if timeout is not None:
+                    if deadline is None:
+                        deadline = time.monotonic() + timeout
+                    elif _expired(deadline):
+                        raise WorkQueueTimeout(
+                            f"push_many timed out after {timeout} s with {done} of {n} "
+                            "items pushed",
+                            pushed=done,
+                        )
+                _backoff(ring, False, round_)
+                round_ += 1
+        except BaseException as exc:  # an interrupt too: say how many items went in
+            if not hasattr(exc, "pushed"):
+                exc.pushed = done  # type: ignore[attr-defined]
+            raise
 
     def pop(self, timeout: float | None = None) -> Any:
         """Pop one item (a NumPy scalar of ``dtype``), blocking while the queue is empty.
@@ -421,7 +430,9 @@ class WorkQueue:
 
         Blocks until ``n`` items were popped or the queue is closed and drained (then
         fewer, possibly none).  On timeout returns what it has, or raises
-        :class:`TimeoutError` if that is nothing.
+        :class:`TimeoutError` if that is nothing.  An exception escaping the wait
+        (``KeyboardInterrupt``) carries the items already taken as ``.popped``, so none is
+        lost.
         """
         if n < 0:
             raise InvalidValueError(f"n must be >= 0, got {n}")
@@ -431,22 +442,26 @@ class WorkQueue:
         deadline = None if timeout is None else time.monotonic() + timeout
         got = 0
         round_ = 0
-        while got < n:
-            k = ring.try_pop_many(view, got)
-            if k > 0:
-                got += k
-                round_ = 0
-                continue
-            if ring.drained():
-                break
-            if _expired(deadline):
-                if got == 0:
-                    raise WorkQueueTimeout(
-                        f"pop_many timed out after {timeout} s: the queue stayed empty"
-                    )
-                break
-            _backoff(ring, True, round_)
-            round_ += 1
+        try:
+            while got < n:
+                k = ring.try_pop_many(view, got)
+                if k > 0:
+                    got += k
+                    round_ = 0
+                    continue
+                if ring.drained():
+                    break
+                if _expired(deadline):
+                    if got == 0:
+                        raise WorkQueueTimeout(
+                            f"pop_many timed out after {timeout} s: the queue stayed empty"
+                        )
+                    break
+                _backoff(ring, True, round_)
+                round_ += 1
+        except BaseException as exc:  # an interrupt too: the items taken go with it
+            exc.popped = out[:got]  # type: ignore[attr-defined]
+            raise
         return out[:got]
 
     def close(self) -> None:
