@@ -22,6 +22,7 @@ from svmkit.policy import check_alignment, check_size
 from svmkit.resources._bins import class_size, size_class
 from svmkit.resources._freelist import Block, FreeList
 from svmkit.resources.base import Allocation, MemoryResource
+from svmkit.resources.debug import debug_enabled, install
 
 __all__ = ["PoolResource"]
 
@@ -101,6 +102,8 @@ class PoolResource(MemoryResource):
         # pooled allocation takes one lock, not three).
         self._live = self._peak_live = self._peak_bytes = 0
         self._total_bytes = self._total_allocations = 0
+        if debug_enabled():  # SVMKIT_DEBUG=1: poison freed blocks (svmkit.resources.debug)
+            install(self)
 
     # -- allocation ------------------------------------------------------------------------
     def allocate(self, nbytes: int, alignment: int = 0) -> Allocation:

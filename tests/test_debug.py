@@ -1,0 +1,122 @@
+"""Debug mode: freed pooled blocks are poisoned; writes after free are reported with the
+creation stack of the freed allocation."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import svmkit as sk
+from svmkit import events
+from svmkit.resources import debug
+
+DEADBEEF = np.int32(np.uint32(0xDEADBEEF).view(np.int32))
+
+
+@pytest.fixture
+def debug_on():
+    debug.set_debug(True)
+    yield
+    debug.set_debug(None)
+
+
+def make_victim(pool: sk.Pool) -> sk.SVMArray:
+    return pool.full(64, 1, np.int32)  # the creation site the report must name
+
+
+def test_off_by_default_pays_nothing(ctx, monkeypatch):
+    monkeypatch.delenv("SVMKIT_DEBUG", raising=False)
+    pool = sk.Pool(ctx)
+    assert "allocate" not in vars(pool) and "deallocate" not in vars(pool)
+    monkeypatch.setenv("SVMKIT_DEBUG", "1")
+    assert "allocate" in vars(sk.Pool(ctx))
+
+
+@pytest.mark.needs("fine")
+def test_host_sees_poison_after_free_and_a_write_is_reported(ctx, queue, debug_on, caplog):
+    pool = sk.Pool(ctx, sk.Policy.fine())
+    a = make_victim(pool)
+    stale = a.host  # a NumPy view kept past free: the bug debug mode is for
+    a.free()
+    assert events.drain(10.0)
+    np.testing.assert_array_equal(stale, np.full(64, DEADBEEF))  # recognisable pattern
+    stale[5] = 42  # write after free
+    with (
+        caplog.at_level(logging.ERROR, logger="svmkit.debug"),
+        pytest.raises(sk.UseAfterFreeError) as info,
+    ):
+        pool.empty(64, np.int32)  # the same block comes back: the poison is checked
+    message = str(info.value)
+    assert "use after free detected: 4 of the 256 bytes" in message
+    assert "make_victim" in message and "test_debug.py" in message
+    assert pool.debug.reports == [message]
+    assert "use after free detected" in caplog.text
+
+
+@pytest.mark.needs("coarse")
+def test_kernel_writing_after_free_is_reported(ctx, queue, debug_on):
+    pool = sk.Pool(ctx, sk.Policy.coarse())
+    prg = sk.build_program(ctx, "__kernel void poke(__global int *p) { p[3] = 7; }")
+    a = make_victim(pool)
+    a.free()
+    assert events.drain(10.0)
+    # A raw PyOpenCL launch with the stale pointer (svmkit cannot stop this one).
+    prg.poke(queue, (1,), None, a).wait()
+    with pytest.raises(sk.UseAfterFreeError, match="make_victim"):
+        pool.empty(64, np.int32)
+
+
+def test_intact_poison_passes_and_a_kernel_reads_the_pattern(ctx, queue, debug_on):
+    pool = sk.Pool(ctx)
+    prg = sk.build_program(
+        ctx, "__kernel void peek(__global int *p, __global int *out) { out[0] = p[7]; }"
+    )
+    a = make_victim(pool)
+    a.free()
+    assert events.drain(10.0)
+    out = sk.zeros(ctx, 1, np.int32)
+    prg.peek(queue, (1,), None, a, out).wait()  # a stale read sees the poison
+    assert out.get(queue)[0] == DEADBEEF
+    b = pool.full(64, 3, np.int32)  # same block, poison intact: no report
+    assert pool.debug.reports == []
+    np.testing.assert_array_equal(b.get(queue), np.full(64, 3, np.int32))
+
+
+def test_environment_switch_in_a_fresh_interpreter():
+    code = (
+        "import numpy as np, svmkit as sk\n"
+        "pool = sk.Pool(sk.create_context())\n"
+        "a = pool.full(16, 1, np.int32); a.free()\n"
+        "from svmkit import events; events.drain(10)\n"
+        "print(hasattr(pool, 'debug'), pool.full(16, 2, np.int32).get().tolist())\n"
+    )
+    env = {"SVMKIT_DEBUG": "1", "POCL_DEVICES": "pthread pthread"}
+    import os
+
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [
+        "True",
+        "[2,",
+        "2,",
+        "2,",
+        "2,",
+        "2,",
+        "2,",
+        "2,",
+        "2,",
+        "2,",
+        "2,",
+        "2,",
+        "2,",
+        "2,",
+        "2,",
+        "2,",
+        "2]",
+    ]
