@@ -16,10 +16,9 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
-
-import svmkit as sk
 
 RUNS_STRESS = 20
 TIMEOUT_S = 60
@@ -164,23 +163,23 @@ def check_clean(proc: subprocess.CompletedProcess[str]) -> None:
         assert noise not in proc.stderr, proc.stderr[-3000:]
 
 
-def _skip_unless(caps: sk.Capabilities, need: str | None) -> None:
-    if need == "atomics" and not (caps.fine_grain_buffer and caps.atomics):
-        pytest.skip(f"the test device lacks fine-grain SVM with atomics ({caps.name})")
+def _params() -> list[Any]:
+    """One parameter per scenario, marked with the capabilities it needs."""
+    return [
+        pytest.param(name, marks=[pytest.mark.needs(need)] if need else [], id=name)
+        for name, (_, need) in SCENARIOS.items()
+    ]
 
 
-@pytest.mark.parametrize("name", list(SCENARIOS))
-def test_exit_is_clean(name: str, caps: sk.Capabilities) -> None:
-    body, need = SCENARIOS[name]
-    _skip_unless(caps, need)
-    check_clean(run_scenario(body))
+@pytest.mark.parametrize("name", _params())
+def test_exit_is_clean(name: str) -> None:
+    check_clean(run_scenario(SCENARIOS[name][0]))
 
 
 @pytest.mark.stress
-@pytest.mark.parametrize("name", list(SCENARIOS))
-def test_exit_is_clean_every_time(name: str, caps: sk.Capabilities) -> None:
-    body, need = SCENARIOS[name]
-    _skip_unless(caps, need)
+@pytest.mark.parametrize("name", _params())
+def test_exit_is_clean_every_time(name: str) -> None:
+    body = SCENARIOS[name][0]
     for run in range(RUNS_STRESS):
         proc = run_scenario(body)
         try:
