@@ -51,7 +51,7 @@ settings.register_profile(
 settings.register_profile(
     "deep",
     max_examples=int(os.environ.get("SVMKIT_FUZZ_EXAMPLES", "10000")),
-    stateful_step_count=50,
+    stateful_step_count=40,
     deadline=None,
     database=None,
     suppress_health_check=list(HealthCheck),
