@@ -13,26 +13,29 @@ import svmkit.ops as ops
 COMPLETE = cl.command_execution_status.COMPLETE
 
 SOURCE = """
+/* Addresses are stored as ulong and cast back to pointers: valid in every OpenCL C
+   version (OpenCL C 1.2 compilers, such as NVIDIA's, reject pointer-to-pointer kernel
+   arguments). */
 typedef struct node {
-    __global const long *value;   /* points into a second SVM array */
-    __global struct node *next;   /* points into this array */
+    ulong value;   /* address of a long in a second SVM array */
+    ulong next;    /* address of a node in this array */
 } node;
 
-__kernel void walk(__global node *nodes, __global long *out, int steps) {
+__kernel void walk(__global const node *nodes, __global long *out, int steps) {
     int i = get_global_id(0);
-    __global node *n = &nodes[i];
+    __global const node *n = &nodes[i];
     long sum = 0;
     for (int k = 0; k < steps; ++k) {
-        sum += *n->value;
-        n = n->next;
+        sum += *(__global const long *)n->value;
+        n = (__global const node *)n->next;
     }
     out[i] = sum;
 }
 
 __kernel void twice(__global int *a) { a[get_global_id(0)] *= 2; }
 
-__kernel void deref(__global long *__global *box, __global long *out) {
-    out[get_global_id(0)] = (*box)[get_global_id(0)];
+__kernel void deref(__global const ulong *box, __global long *out) {
+    out[get_global_id(0)] = ((__global const long *)box[0])[get_global_id(0)];
 }
 """
 

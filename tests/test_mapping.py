@@ -165,6 +165,7 @@ def test_read_map_forbids_only_writes(queue):
     np.testing.assert_array_equal(b.get(), np.full(8, 4))
 
 
+@pytest.mark.needs("fine")
 def test_fine_enqueues_no_map(queue, spy):
     a = sk.zeros(queue.context, 8, np.int32, policy=sk.Policy.fine())
     with sk.mapped(queue, a) as h:

@@ -239,6 +239,7 @@ def test_copy_overlap(queue, policy):
     np.testing.assert_array_equal(a.get(), np.r_[8:16, 8:16])
 
 
+@pytest.mark.needs("fine")
 def test_copy_overlap_through_host_view_of_fine_memory(queue):
     a = sk.zeros(queue.context, 16, np.int32, policy=sk.Policy.fine())
     _raises(
