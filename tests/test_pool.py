@@ -134,8 +134,8 @@ def test_queues_of_one_context_are_ordered_by_events(ctx: cl.Context, spin: cl.K
         a.free()
     fresh = [sk.empty(ctx, N, np.int32, resource=pool) for _ in range(3)]
     assert not {a.ptr for a in fresh} & set(freed)
-    for a, q in zip(fresh, reversed(queues)):
-        a.set(np.full(N, -1, np.int32), q)
+    for a in fresh:  # written (on svmkit's default queue) while every kernel still waits
+        a.set(np.full(N, -1, np.int32))
     gate.set_status(cl.command_execution_status.COMPLETE)
     for q in queues:
         q.finish()
