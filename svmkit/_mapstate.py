@@ -133,7 +133,8 @@ class MapState:
         Mapped for writing: no command may read or write those bytes.  Mapped only for
         reading: no command may write them (spec, clEnqueueSVMMap).
         """
-        if self.stop > start and self.start < stop and (self.writes or writes):
+        # An empty range touches no byte (a zero-element view), so it never conflicts.
+        if start < stop and self.stop > start and self.start < stop and (self.writes or writes):
             mode = "writing" if self.writes else "reading"
             raise MapStateError(
                 f"{what} touches bytes [{start}, {stop}) of a coarse-grain allocation while "

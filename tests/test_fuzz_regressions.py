@@ -51,3 +51,17 @@ def test_pooled_array_dying_in_a_reference_cycle_keeps_its_block_valid(ctx, cycl
     b.free()
     pool.trim()
     assert pool.stats()["upstream_bytes"] == 0
+
+
+@pytest.mark.needs("coarse")
+def test_zero_byte_command_inside_a_write_map_is_allowed(ctx, queue):
+    # Found by the deep fuzz run: copy() into a zero-element view of a COARSE array mapped
+    # for writing raised MapStateError (fill, get and set already allowed it): an empty
+    # range touches no mapped byte.
+    a = sk.zeros(ctx, 64, np.uint8, policy=sk.Policy.coarse())
+    with sk.mapped(queue, a, "w"):
+        empty = a[10:10]
+        sk.copy(queue, empty, np.empty(0, np.uint8))
+        sk.fill(queue, empty, 1)
+        with pytest.raises(sk.MapStateError):
+            sk.copy(queue, a[10:11], np.zeros(1, np.uint8))
