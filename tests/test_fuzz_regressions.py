@@ -60,7 +60,8 @@ def test_zero_byte_command_inside_a_write_map_is_allowed(ctx, queue):
     # range touches no mapped byte.
     a = sk.zeros(ctx, 64, np.uint8, policy=sk.Policy.coarse())
     with sk.mapped(queue, a, "w"):
-        empty = a[10:10]
+        empty = a[40:][5:5]  # a zero-element view at offset 40
+        assert empty.offset == 40 and empty.size == 0
         sk.copy(queue, empty, np.empty(0, np.uint8))
         sk.fill(queue, empty, 1)
         with pytest.raises(sk.MapStateError):
