@@ -35,6 +35,7 @@ from svmkit.resources import (
     current_resource,
     use_resource,
 )
+from svmkit.resources.debug import DebugAdaptor, debug_enabled, set_debug
 from svmkit.workqueue import WorkQueue, persistent_grid
 
 __version__ = "0.1.0"
@@ -44,6 +45,7 @@ __all__ = [
     "Allocation",
     "Capabilities",
     "CopyOverlapError",
+    "DebugAdaptor",
     "Granularity",
     "InvalidContextError",
     "InvalidValueError",
@@ -70,6 +72,7 @@ __all__ = [
     "copy",
     "create_context",
     "current_resource",
+    "debug_enabled",
     "empty",
     "empty_like",
     "fill",
@@ -80,6 +83,7 @@ __all__ = [
     "migrate",
     "ones",
     "persistent_grid",
+    "set_debug",
     "use_resource",
     "zeros",
     "zeros_like",

@@ -120,3 +120,12 @@ def test_environment_switch_in_a_fresh_interpreter():
         "2,",
         "2]",
     ]
+
+
+def test_debug_switch_is_exported_at_top_level() -> None:
+    import svmkit as sk
+    import svmkit.resources.debug as debug_module
+
+    assert sk.set_debug is debug_module.set_debug
+    assert sk.debug_enabled is debug_module.debug_enabled
+    assert sk.DebugAdaptor is debug_module.DebugAdaptor
