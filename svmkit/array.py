@@ -19,7 +19,7 @@ import numpy as np
 import pyopencl as cl
 
 from svmkit._queues import default_queue
-from svmkit._validate import check_queue
+from svmkit._validate import check_command, check_queue
 from svmkit.errors import InvalidContextError, InvalidValueError, MapStateError, UseAfterFreeError
 from svmkit.events import check_wait_for, release_after, wait_pending
 from svmkit.policy import Policy
@@ -297,12 +297,6 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
             raise InvalidContextError("the queue belongs to another context than the array")
         return queue
 
-    def _check_command(self, writes: bool, what: str) -> None:
-        state = self._alloc.map_state
-        if state is not None and self._alloc.policy.needs_map:
-            lo, hi = self.byte_range()
-            state.check_command(lo, hi, writes, what)
-
     def get(self, queue: cl.CommandQueue | None = None) -> np.ndarray[Any, Any]:
         """A new NumPy array holding the contents, after all recorded work on the array.
 
@@ -318,7 +312,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
             wait_pending(pending)
             out[...] = self._view
             return out
-        self._check_command(False, "get()")
+        check_command(self, alloc, False, "get()")
         queue = self._queue_for(queue)
         if self.contiguous:
             target = out if self._view.flags.c_contiguous else np.asfortranarray(out)
@@ -351,7 +345,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
             wait_pending(pending)
             self._view[...] = src
             return
-        self._check_command(True, "set()")
+        check_command(self, alloc, True, "set()")
         queue = self._queue_for(queue)
         if self._view.flags.c_contiguous:
             # PyOpenCL wraps the source as an SVM pointer, which needs a writable buffer.

@@ -208,16 +208,6 @@ def capabilities(ctx_or_device: cl.Context | cl.Device) -> Capabilities:
     if isinstance(ctx_or_device, cl.Device):
         return _device_capabilities(ctx_or_device)
     return _by_context.get(ctx_or_device)
-    devices = ctx_or_device.devices
-    key = tuple(d.int_ptr for d in devices)
-    caps = _context_cache.get(key)
-    if caps is None:
-        caps = combine(tuple(_device_capabilities(d) for d in devices))
-        with _cache_lock:
-            _context_cache[key] = caps
-    with _cache_lock:
-        _by_context[ctx_or_device] = caps
-    return caps
 
 
 def check_context_layout(ctx: cl.Context) -> None:
