@@ -19,12 +19,14 @@ import pyopencl as cl
 __all__ = [
     "enqueue_svm_memfill",
     "library_path",
+    "set_kernel_exec_info_fine_grain_system",
     "set_kernel_exec_info_svm_ptrs",
     "svm_alloc",
     "svm_free",
 ]
 
 CL_KERNEL_EXEC_INFO_SVM_PTRS = 0x11B6
+CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM = 0x11B7
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -105,6 +107,19 @@ def set_kernel_exec_info_svm_ptrs(kernel: cl.Kernel, ptrs: tuple[int, ...]) -> i
             CL_KERNEL_EXEC_INFO_SVM_PTRS,
             ctypes.sizeof(ctypes.c_void_p) * len(ptrs),
             arr if ptrs else None,
+        )
+    )
+
+
+def set_kernel_exec_info_fine_grain_system(kernel: cl.Kernel, enabled: bool) -> int:
+    """``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM)``; the CL error code."""
+    value = ctypes.c_uint32(1 if enabled else 0)  # cl_bool
+    return int(
+        _library().clSetKernelExecInfo(
+            kernel.int_ptr,
+            CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM,
+            ctypes.sizeof(value),
+            ctypes.byref(value),
         )
     )
 

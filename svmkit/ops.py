@@ -338,7 +338,10 @@ def launch(
         passes to PyOpenCL unchanged.
     uses:
         SVMArrays (or work queues) the kernel reaches only through pointers stored in SVM;
-        registered with ``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS)``.
+        registered with ``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS)``.  That list
+        takes only ``clSVMAlloc`` memory; for SYSTEM arrays (arguments or ``uses``) the
+        kernel gets ``CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM`` instead, the spec's way
+        to say it may follow pointers into system allocations.
 
     Raises
     ------
@@ -376,8 +379,10 @@ def launch(
             others.append(arg)
     for used in uses:
         if isinstance(used, SVMArray):
-            allocs.append(_check_kernel_array(used, context, "a `uses` entry"))
-            pointers.append(used._alloc.ptr + used._offset)
+            alloc = _check_kernel_array(used, context, "a `uses` entry")
+            allocs.append(alloc)
+            if alloc.policy.granularity is not Granularity.SYSTEM:
+                pointers.append(used._alloc.ptr + used._offset)
         elif hasattr(used, "svm_pointers"):
             pointers.extend(used.svm_pointers)
             others.append(used)
@@ -386,6 +391,10 @@ def launch(
                 f"uses= takes SVMArrays (or work queues), got {type(used).__name__}"
             )
     _register_svm_pointers(kernel, pointers, args)
+    if not getattr(kernel, "_svmkit_fine_grain_system", False) and any(
+        alloc.policy.granularity is Granularity.SYSTEM for alloc in allocs
+    ):
+        _allow_fine_grain_system(kernel)
     try:
         event = kernel(queue, global_size, local_size, *call_args, wait_for=wait)
     except cl.Error as exc:
@@ -416,7 +425,11 @@ def _register_svm_pointers(kernel: cl.Kernel, pointers: list[int], args: tuple[A
     if not pointers:
         if not getattr(kernel, "_svmkit_svm_ptrs", False):
             return
-        pointers = [a._alloc.ptr + a._offset for a in args if isinstance(a, SVMArray)]
+        pointers = [
+            a._alloc.ptr + a._offset
+            for a in args
+            if isinstance(a, SVMArray) and a._alloc.policy.granularity is not Granularity.SYSTEM
+        ]
         if not pointers:
             return
     code = _icd.set_kernel_exec_info_svm_ptrs(kernel, tuple(pointers))
@@ -425,3 +438,18 @@ def _register_svm_pointers(kernel: cl.Kernel, pointers: list[int], args: tuple[A
             cl_error_name(code), "clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS) failed"
         )
     setattr(kernel, "_svmkit_svm_ptrs", True)  # noqa: B010 (a pyopencl object)
+
+
+def _allow_fine_grain_system(kernel: cl.Kernel) -> None:
+    """``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM, CL_TRUE)``, once.
+
+    The setting persists on the kernel object and is harmless for later launches that
+    use no system memory, so it is never cleared.
+    """
+    code = _icd.set_kernel_exec_info_fine_grain_system(kernel, True)
+    if code:
+        raise error_for_name(
+            cl_error_name(code),
+            "clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM) failed",
+        )
+    setattr(kernel, "_svmkit_fine_grain_system", True)  # noqa: B010 (a pyopencl object)

@@ -94,10 +94,19 @@ class Policy:
         return cls(Granularity.SYSTEM, atomics, access)
 
     @classmethod
-    def best(cls, ctx: cl.Context | cl.Device | Capabilities, *, atomics: bool = False) -> Policy:
+    def best(
+        cls,
+        ctx: cl.Context | cl.Device | Capabilities,
+        *,
+        atomics: bool = False,
+        system: bool = True,
+    ) -> Policy:
         """The finest granularity every device of ``ctx`` supports: SYSTEM, FINE, COARSE.
 
-        ``ctx`` may also be one device, or capabilities already queried.
+        ``ctx`` may also be one device, or capabilities already queried.  ``system=False``
+        leaves SYSTEM out: the finest granularity ``clSVMAlloc`` serves, for memory that
+        ``clEnqueueSVMMigrateMem`` accepts (the spec requires its ranges to lie inside
+        ``clSVMAlloc`` allocations).
 
         Raises
         ------
@@ -106,7 +115,9 @@ class Policy:
         """
         caps = ctx if isinstance(ctx, Capabilities) else capabilities(ctx)
         for granularity in _GRANULARITY_ORDER:
-            if atomics and granularity is Granularity.COARSE:
+            if (atomics and granularity is Granularity.COARSE) or (
+                not system and granularity is Granularity.SYSTEM
+            ):
                 continue
             candidate = cls(granularity, atomics)
             if not candidate.missing(caps):

@@ -74,6 +74,7 @@ def test_combine_takes_and_of_booleans_and_min_of_limits(caps):
     weak = _fake(
         caps,
         fine_grain_buffer=False,
+        fine_grain_system=False,
         atomics=False,
         max_alloc_bytes=1 << 20,
         max_alignment=64,

@@ -91,8 +91,9 @@ def test_uses_registers_exec_info(queue, program, monkeypatch):
         icd, "set_kernel_exec_info_svm_ptrs", lambda k, p: (calls.append(p), real(k, p))[1]
     )
     kernel = cl.Kernel(program, "twice")
-    a = sk.zeros(ctx, 4, np.int32)
-    b = sk.zeros(ctx, 8, np.int32)
+    buffer = sk.Policy.best(ctx, system=False)  # the list names clSVMAlloc memory only
+    a = sk.zeros(ctx, 4, np.int32, policy=buffer)
+    b = sk.zeros(ctx, 8, np.int32, policy=buffer)
     sk.launch(queue, kernel, (4,), None, a, uses=[b, b[4:]]).wait()
     assert calls == [(b.ptr, b.ptr + 16)]
     sk.launch(queue, kernel, (4,), None, a).wait()  # stale list replaced by the arguments
@@ -100,6 +101,38 @@ def test_uses_registers_exec_info(queue, program, monkeypatch):
     other = cl.Kernel(program, "twice")
     sk.launch(queue, other, (4,), None, a).wait()  # never registered: nothing to replace
     assert len(calls) == 2
+
+
+@pytest.mark.needs("system")
+def test_system_memory_is_allowed_not_listed(queue, program, monkeypatch):
+    # CL_KERNEL_EXEC_INFO_SVM_PTRS takes clSVMAlloc memory only (Intel's CPU runtime
+    # answers CL_INVALID_VALUE for a malloc'd pointer); system memory is announced with
+    # CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM instead, once per kernel.
+    ctx = queue.context
+    listed: list[tuple[int, ...]] = []
+    allowed: list[bool] = []
+    real_ptrs, real_system = icd.set_kernel_exec_info_svm_ptrs, icd.set_kernel_exec_info_fine_grain_system
+    monkeypatch.setattr(
+        icd, "set_kernel_exec_info_svm_ptrs", lambda k, p: (listed.append(p), real_ptrs(k, p))[1]
+    )
+    monkeypatch.setattr(
+        icd,
+        "set_kernel_exec_info_fine_grain_system",
+        lambda k, on: (allowed.append(on), real_system(k, on))[1],
+    )
+    system = sk.Policy.system()
+    target = sk.asarray(ctx, np.arange(8, dtype=np.int64) * 5, policy=system)
+    box = sk.asarray(ctx, np.array([target.ptr], np.uint64), policy=system)
+    fine_target = sk.asarray(ctx, np.arange(8, dtype=np.int64) * 7, policy=sk.Policy.fine())
+    out = sk.zeros(ctx, 8, np.int64, policy=system)
+    kernel = cl.Kernel(program, "deref")
+    sk.launch(queue, kernel, (8,), None, box, out, uses=[target]).wait()
+    np.testing.assert_array_equal(out.get(), np.arange(8) * 5)
+    assert listed == [] and allowed == [True]
+    box.host[0] = fine_target.ptr  # a clSVMAlloc target is still listed, without the system one
+    sk.launch(queue, kernel, (8,), None, box, out, uses=[fine_target, target]).wait()
+    np.testing.assert_array_equal(out.get(), np.arange(8) * 7)
+    assert listed == [(fine_target.ptr,)] and allowed == [True]
 
 
 class Box:
@@ -131,7 +164,7 @@ def test_work_queue_like_arguments(queue, program, monkeypatch):
     monkeypatch.setattr(
         icd, "set_kernel_exec_info_svm_ptrs", lambda k, p: (calls.append(p), real(k, p))[1]
     )
-    target = sk.asarray(ctx, np.arange(8, dtype=np.int64) * 3)
+    target = sk.asarray(ctx, np.arange(8, dtype=np.int64) * 3, policy=sk.Policy.fine())
     box = Box(ctx, target)
     out = sk.zeros(ctx, 8, np.int64)
     event = sk.launch(queue, cl.Kernel(program, "deref"), (8,), None, box, out)
@@ -224,8 +257,9 @@ def test_event_recorded_on_arguments_and_uses(queue, program):
 
 def test_driver_errors_are_translated(queue, program):
     a = sk.zeros(queue.context, 4, np.int32)
-    with pytest.raises(sk.SVMError) as err:  # work-group size larger than the global size
-        sk.launch(queue, cl.Kernel(program, "twice"), (4,), (3,), a)
+    too_large = queue.device.max_work_group_size + 1  # CL_INVALID_WORK_GROUP_SIZE everywhere
+    with pytest.raises(sk.SVMError) as err:
+        sk.launch(queue, cl.Kernel(program, "twice"), (too_large,), (too_large,), a)
     assert err.value.cl_error is not None and err.value.cl_error.startswith("CL_")
     assert isinstance(err.value.__cause__, cl.Error)
 

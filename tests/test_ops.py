@@ -297,6 +297,11 @@ def test_copy_zero_size(queue):
 # -- migrate -------------------------------------------------------------------------------
 
 
+def _buffer(queue: cl.CommandQueue) -> sk.Policy:
+    """The finest clSVMAlloc granularity: migrate takes no SYSTEM memory."""
+    return sk.Policy.best(queue.context, system=False)
+
+
 @pytest.mark.parametrize("to", ["device", "host"])
 @pytest.mark.needs("migrate")
 def test_migrate_keeps_contents(queue, policy, to):
@@ -313,7 +318,7 @@ def test_migrate_keeps_contents(queue, policy, to):
 
 @pytest.mark.needs("migrate")
 def test_migrate_content_undefined_and_records(queue):
-    a = sk.zeros(queue.context, 16, np.int32)
+    a = sk.zeros(queue.context, 16, np.int32, policy=_buffer(queue))
     gate = cl.UserEvent(queue.context)
     event = sk.migrate(queue, [a], content_undefined=True, wait_for=[gate])
     assert event in a.pending_events()
@@ -354,15 +359,15 @@ def test_migrate_system_memory_is_refused(queue):
 
 
 def test_migrate_zero_size_views_migrate_nothing(queue):
-    a = sk.zeros(queue.context, 8)
+    a = sk.zeros(queue.context, 8, policy=_buffer(queue))
     event = sk.migrate(queue, [a[3:3]])
     event.wait()
     assert event.command_type == cl.command_type.MARKER
 
 
 def test_migrate_contexts_and_types(queue, other_ctx, foreign_event):
-    a = sk.zeros(queue.context, 4)
-    b = sk.zeros(other_ctx, 4)
+    a = sk.zeros(queue.context, 4, policy=_buffer(queue))
+    b = sk.zeros(other_ctx, 4, policy=_buffer(queue))
     _raises(sk.InvalidContextError, "CL_INVALID_CONTEXT", lambda: sk.migrate(queue, [a, b]))
     _raises(
         sk.InvalidContextError,

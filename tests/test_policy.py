@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pyopencl as cl
 import pytest
 
@@ -82,6 +84,16 @@ def test_best_is_the_finest_supported(ctx, caps):
     else:
         assert best.granularity is sk.Granularity.COARSE
     assert best.atomics is False
+
+
+def test_best_without_system_is_the_finest_clsvmalloc_granularity(caps):
+    with_system = dataclasses.replace(caps, fine_grain_system=True)  # faked: capabilities only
+    object.__setattr__(with_system, "devices", (with_system,))
+    assert sk.Policy.best(with_system).granularity is sk.Granularity.SYSTEM
+    expect = sk.Granularity.FINE if caps.fine_grain_buffer else sk.Granularity.COARSE
+    for source in (caps, with_system):
+        assert sk.Policy.best(source, system=False).granularity is expect
+        assert sk.Policy.best(source, system=False, atomics=caps.atomics).atomics is caps.atomics
 
 
 @pytest.mark.needs("atomics")
