@@ -111,7 +111,8 @@ def test_system_memory_is_allowed_not_listed(queue, program, monkeypatch):
     ctx = queue.context
     listed: list[tuple[int, ...]] = []
     allowed: list[bool] = []
-    real_ptrs, real_system = icd.set_kernel_exec_info_svm_ptrs, icd.set_kernel_exec_info_fine_grain_system
+    real_ptrs = icd.set_kernel_exec_info_svm_ptrs
+    real_system = icd.set_kernel_exec_info_fine_grain_system
     monkeypatch.setattr(
         icd, "set_kernel_exec_info_svm_ptrs", lambda k, p: (listed.append(p), real_ptrs(k, p))[1]
     )
