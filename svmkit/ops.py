@@ -381,8 +381,8 @@ def launch(
         if isinstance(used, SVMArray):
             alloc = _check_kernel_array(used, context, "a `uses` entry")
             allocs.append(alloc)
-            if alloc.policy.granularity is not Granularity.SYSTEM:
-                pointers.append(used._alloc.ptr + used._offset)
+            if _listable(alloc):
+                pointers.append(alloc.ptr + used._offset)
         elif hasattr(used, "svm_pointers"):
             pointers.extend(used.svm_pointers)
             others.append(used)
@@ -415,6 +415,17 @@ def _check_kernel_array(a: SVMArray, context: cl.Context, name: str) -> Allocati
     return alloc
 
 
+def _listable(alloc: Allocation) -> bool:
+    """Whether ``CL_KERNEL_EXEC_INFO_SVM_PTRS`` may name this allocation.
+
+    The list takes pointers into ``clSVMAlloc`` memory: not SYSTEM memory (announced with
+    ``CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM``) and not the NULL pointer of a
+    zero-byte array, which allocates nothing (Intel's CPU runtime answers
+    ``CL_INVALID_VALUE`` for either).
+    """
+    return alloc.ptr != 0 and alloc.policy.granularity is not Granularity.SYSTEM
+
+
 def _register_svm_pointers(kernel: cl.Kernel, pointers: list[int], args: tuple[Any, ...]) -> None:
     """``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS)`` for ``pointers``.
 
@@ -428,7 +439,7 @@ def _register_svm_pointers(kernel: cl.Kernel, pointers: list[int], args: tuple[A
         pointers = [
             a._alloc.ptr + a._offset
             for a in args
-            if isinstance(a, SVMArray) and a._alloc.policy.granularity is not Granularity.SYSTEM
+            if isinstance(a, SVMArray) and _listable(a._alloc)
         ]
         if not pointers:
             return

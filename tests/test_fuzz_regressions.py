@@ -66,3 +66,37 @@ def test_zero_byte_command_inside_a_write_map_is_allowed(ctx, queue):
         sk.fill(queue, empty, 1)
         with pytest.raises(sk.MapStateError):
             sk.copy(queue, a[10:11], np.zeros(1, np.uint8))
+
+
+@pytest.mark.needs("coarse")
+def test_zero_byte_array_is_never_named_in_svm_ptrs(ctx, queue, monkeypatch):
+    # Found by the deep fuzz run on Intel's CPU runtime: a kernel whose SVM pointer list
+    # had been set once was launched with a zero-element array (which allocates nothing,
+    # ptr 0); the refreshed list named the NULL pointer and the driver answered
+    # CL_INVALID_VALUE (PoCL accepts it).  NULL never reaches the list.
+    import pyopencl as cl
+
+    import svmkit._icd as icd
+
+    listed: list[tuple[int, ...]] = []
+    real = icd.set_kernel_exec_info_svm_ptrs
+    monkeypatch.setattr(
+        icd, "set_kernel_exec_info_svm_ptrs", lambda k, p: (listed.append(p), real(k, p))[1]
+    )
+    kernel = cl.Kernel(
+        sk.build_program(
+            ctx,
+            "__kernel void touch(__global uchar *p, uint n) {"
+            " if (get_global_id(0) < n) p[get_global_id(0)] ^= 1; }",
+        ),
+        "touch",
+    )
+    coarse = sk.Policy.coarse()
+    real_array = sk.zeros(ctx, 4, np.uint8, policy=coarse)
+    empty = sk.empty(ctx, 0, np.uint8, policy=coarse)
+    assert empty.ptr == 0
+    sk.launch(queue, kernel, (4,), None, real_array, np.uint32(4), uses=[real_array]).wait()
+    sk.launch(queue, kernel, (1,), None, empty, np.uint32(0)).wait()  # refresh: nothing
+    sk.launch(queue, kernel, (1,), None, empty, np.uint32(0), uses=[empty]).wait()
+    assert listed == [(real_array.ptr,)]
+    np.testing.assert_array_equal(real_array.get(), np.ones(4, np.uint8))
