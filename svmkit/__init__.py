@@ -3,7 +3,14 @@
 ``import svmkit as sk`` gives the whole public API (see the README for a tour):
 capabilities and policies, SVM arrays and their constructors, memory resources and pools,
 mapping, checked operations, kernels and the fine-grain atomic work queue.
+
+Importing svmkit makes OpenCL drivers installed as wheels (Intel's CPU runtime,
+``intel-opencl-rt``) visible to PyOpenCL's ICD loader; see :mod:`svmkit._vendors`.
 """
+
+from svmkit._vendors import register_wheel_drivers
+
+register_wheel_drivers()  # before any OpenCL call: the ICD loader reads it once
 
 from svmkit.array import SVMArray
 from svmkit.capabilities import Capabilities, capabilities, create_context

@@ -8,13 +8,16 @@ not supported by at least one device in context" makes ``clSVMAlloc`` fail).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyopencl as cl
+from pyopencl import _cl
 
 from svmkit._percontext import PerContext
 from svmkit.errors import UnsupportedError
@@ -23,6 +26,7 @@ __all__ = [
     "Capabilities",
     "capabilities",
     "check_context_layout",
+    "compiler_failure",
     "create_context",
     "device_label",
     "opencl_c_versions",
@@ -35,6 +39,8 @@ _SVM_ATOMICS = 1 << 3
 
 HOST_ADDRESS_BITS = 64 if sys.maxsize > 2**32 else 32
 HOST_LITTLE_ENDIAN = sys.byteorder == "little"
+
+log = logging.getLogger("svmkit")
 
 
 @dataclass(frozen=True)
@@ -231,6 +237,39 @@ def check_context_layout(ctx: cl.Context) -> None:
             )
 
 
+_PROBE_SOURCE = "__kernel void svmkit_probe(__global int *p) { p[get_global_id(0)] = 1; }"
+_compiler_failures: dict[int, str | None] = {}
+
+
+def compiler_failure(device: cl.Device) -> str | None:
+    """``None`` when the device's OpenCL C compiler builds a trivial kernel, else why not.
+
+    A driver can list a device it cannot compile for: PoCL 3.0's LLVM 14 names CPUs newer
+    than itself (AMD Zen 5, for one) ``generic``, a CPU its own front end then rejects,
+    so every ``clBuildProgram`` fails.  Built once per device (uncached by PyOpenCL) and
+    remembered; the answer is the first line of the build log.
+    """
+    key = device.int_ptr
+    if key in _compiler_failures:
+        return _compiler_failures[key]
+    failure: str | None = None
+    try:
+        program = _cl._Program(cl.Context([device]), _PROBE_SOURCE)
+        try:
+            with warnings.catch_warnings():  # the build log of a working compiler
+                warnings.simplefilter("ignore", cl.CompilerWarning)
+                program.build(b"", [device])
+        except cl.Error as exc:
+            build_log = str(program.get_build_info(device, cl.program_build_info.LOG) or "")
+            lines = [line.strip() for line in build_log.splitlines() if line.strip()]
+            failure = lines[0] if lines else str(exc)
+    except cl.Error as exc:  # no context or program at all
+        failure = str(exc)
+    with _cache_lock:
+        _compiler_failures[key] = failure
+    return failure
+
+
 def _svm_devices(device_type: Any = None) -> tuple[list[cl.Device], list[str]]:
     found: list[str] = []
     gpus: list[cl.Device] = []
@@ -257,12 +296,14 @@ def create_context(*, device_type: Any = None) -> cl.Context:
     """A context on one SVM-capable device, or as ``PYOPENCL_CTX`` says.
 
     Honours ``PYOPENCL_CTX`` exactly as PyOpenCL does.  Otherwise: the first device that
-    supports SVM, GPUs before other devices, platforms in the ICD loader's order.
+    supports SVM, GPUs before other devices, platforms in the ICD loader's order, passing
+    over a device whose OpenCL C compiler cannot build a trivial kernel
+    (:func:`compiler_failure`; logged as a warning).
 
     Raises
     ------
     UnsupportedError
-        No device with SVM was found; the message lists what was found.
+        No usable device with SVM was found; the message lists what was found.
     """
     if os.environ.get("PYOPENCL_CTX"):
         ctx = cl.create_some_context(interactive=False)
@@ -272,6 +313,14 @@ def create_context(*, device_type: Any = None) -> cl.Context:
     if not devices:
         listing = "; ".join(found) or "no OpenCL platforms"
         raise UnsupportedError(f"no OpenCL device with SVM support was found ({listing})")
-    ctx = cl.Context([devices[0]])
-    check_context_layout(ctx)
-    return ctx
+    for device in devices:
+        failure = compiler_failure(device)
+        if failure is None:
+            ctx = cl.Context([device])
+            check_context_layout(ctx)
+            return ctx
+        log.warning("passing over %s: its compiler fails (%s)", device_label(device), failure)
+        found.append(f"{device_label(device)}: compiler fails ({failure})")
+    raise UnsupportedError(
+        f"no OpenCL device with SVM support can build a kernel ({'; '.join(found)})"
+    )

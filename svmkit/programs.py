@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import logging
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,8 @@ import pyopencl as cl
 from svmkit.capabilities import capabilities, opencl_c_versions
 
 __all__ = ["build_program", "build_options", "kernels_dir", "scope_for"]
+
+log = logging.getLogger("svmkit")
 
 
 @functools.cache
@@ -75,5 +79,22 @@ def build_program(
     Adds ``-I kernels_dir()``, the highest ``-cl-std`` every device supports and
     ``SVMKIT_SCOPE`` (see :func:`scope_for`); ``defines`` maps names to values
     (``{"WQ_ITEM": "int"}``).
+
+    A build that succeeds with compiler output (Intel's CPU runtime always reports its
+    stages) logs that output on the ``svmkit`` logger at DEBUG level instead of PyOpenCL's
+    ``CompilerWarning``; a failed build raises as PyOpenCL does, with the log.
     """
-    return cl.Program(ctx, source).build(options=build_options(ctx, options, defines))
+    program = cl.Program(ctx, source)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", cl.CompilerWarning)
+        program.build(options=build_options(ctx, options, defines))
+    for warning in caught:
+        if not issubclass(warning.category, cl.CompilerWarning):
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
+    if caught and log.isEnabledFor(logging.DEBUG):
+        for device in ctx.devices:
+            text = program.get_build_info(device, cl.program_build_info.LOG)
+            log.debug("build log on %s:\n%s", device.name, text)
+    return program

@@ -143,3 +143,45 @@ def test_create_context_without_svm_devices_lists_what_was_found(monkeypatch):
     with pytest.raises(sk.UnsupportedError, match="no OpenCL device with SVM") as info:
         sk.create_context()
     assert "no SVM" in str(info.value)
+
+
+def test_the_suite_device_compiles(ctx):
+    assert capmod.compiler_failure(ctx.devices[0]) is None
+    assert capmod.compiler_failure(ctx.devices[0]) is None  # remembered
+
+
+def test_create_context_passes_over_a_device_whose_compiler_fails(monkeypatch):
+    # Faked: which device's compiler fails (PoCL 3.0 on CPUs newer than its LLVM is real,
+    # but not on every machine).  The memory and contexts are real.
+    monkeypatch.delenv("PYOPENCL_CTX", raising=False)
+    devices, _ = capmod._svm_devices()
+    broken = devices[0]
+    monkeypatch.setattr(
+        capmod,
+        "compiler_failure",
+        lambda d: "error: unknown target CPU 'generic'" if d == broken else None,
+    )
+    if len(devices) > 1:
+        assert sk.create_context().devices == [devices[1]]
+    monkeypatch.setattr(capmod, "compiler_failure", lambda d: "error: no compiler")
+    with pytest.raises(sk.UnsupportedError, match="can build a kernel") as info:
+        sk.create_context()
+    assert "compiler fails (error: no compiler)" in str(info.value)
+    assert capmod.device_label(broken) in str(info.value)
+
+
+def test_compiler_failure_reports_the_first_line_of_the_build_log(ctx, monkeypatch):
+    class Broken:  # a program whose build fails with a log, as PoCL 3.0's on AMD Zen 5
+        def __init__(self, _ctx, _source):
+            pass
+
+        def build(self, _options, _devices):
+            raise cl.RuntimeError("clBuildProgram failed: BUILD_PROGRAM_FAILURE")
+
+        def get_build_info(self, _device, _what):
+            return "\n  error: unknown target CPU 'generic'\nmore\n"
+
+    device = ctx.devices[0]
+    monkeypatch.setattr(capmod._cl, "_Program", Broken)
+    monkeypatch.setattr(capmod, "_compiler_failures", {})
+    assert capmod.compiler_failure(device) == "error: unknown target CPU 'generic'"

@@ -72,3 +72,18 @@ def test_atomics_header_compiles_with_the_chosen_scope(ctx):
     q = cl.CommandQueue(ctx)
     cl.Kernel(prg, "bump")(q, (1000,), None, counter).wait()
     assert int(counter.host[0]) == 1000
+
+
+def test_compiler_output_goes_to_the_log_not_to_warnings(ctx, caplog):
+    import logging
+    import uuid
+    import warnings
+
+    token = f"svmkit-build-log-probe-{uuid.uuid4().hex}"  # a new source: no cached binary
+    source = f'#warning "{token}"\n__kernel void k(__global int *p) {{ p[0] = 1; }}'
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.DEBUG, "svmkit"):
+        warnings.simplefilter("always")
+        program = sk.build_program(ctx, source)
+    assert [w for w in caught if issubclass(w.category, cl.CompilerWarning)] == []
+    assert program.k.function_name == "k"
+    assert token in caplog.text
