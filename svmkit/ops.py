@@ -332,7 +332,10 @@ def launch(
     Parameters
     ----------
     args:
-        Kernel arguments.  SVMArrays pass as SVM pointers (element 0).  An object with
+        Kernel arguments.  SVMArrays pass as SVM pointers (element 0); a zero-element
+        array that allocated nothing passes as a NULL buffer argument (the spec's NULL
+        pointer argument: NVIDIA's driver refuses a NULL SVM pointer with
+        ``CL_INVALID_KERNEL_ARGS``).  An object with
         ``kernel_arg`` and ``svm_pointers`` attributes (a :class:`~svmkit.WorkQueue`)
         passes as ``kernel_arg`` and has its ``svm_pointers`` registered.  Anything else
         passes to PyOpenCL unchanged.
@@ -372,7 +375,10 @@ def launch(
     call_args = list(args)
     for i, arg in enumerate(args):
         if isinstance(arg, SVMArray):
-            allocs.append(_check_kernel_array(arg, context, "a kernel argument"))
+            alloc = _check_kernel_array(arg, context, "a kernel argument")
+            allocs.append(alloc)
+            if alloc.ptr == 0:  # a zero-byte array allocates nothing: a NULL argument
+                call_args[i] = None
         elif hasattr(arg, "kernel_arg") and hasattr(arg, "svm_pointers"):
             call_args[i] = arg.kernel_arg
             pointers.extend(arg.svm_pointers)

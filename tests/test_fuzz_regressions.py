@@ -73,7 +73,9 @@ def test_zero_byte_array_is_never_named_in_svm_ptrs(ctx, queue, monkeypatch):
     # Found by the deep fuzz run on Intel's CPU runtime: a kernel whose SVM pointer list
     # had been set once was launched with a zero-element array (which allocates nothing,
     # ptr 0); the refreshed list named the NULL pointer and the driver answered
-    # CL_INVALID_VALUE (PoCL accepts it).  NULL never reaches the list.
+    # CL_INVALID_VALUE (PoCL accepts it).  NULL never reaches the list.  Run on NVIDIA's
+    # OpenCL, the same launch showed a second defect: a NULL SVM pointer argument fails
+    # with CL_INVALID_KERNEL_ARGS; a zero-byte array passes as a NULL buffer argument.
     import pyopencl as cl
 
     import svmkit._icd as icd
