@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -287,7 +288,9 @@ def test_pool_arrays_get_fresh_views(ctx: cl.Context) -> None:
     a.free()
     b = pool.empty(8, np.int32)
     assert b.host is not view and b.ptr == view.ctypes.data
-    view.shape = (2, 4)  # changing a stale view never reaches the next user's array
+    with warnings.catch_warnings():  # NumPy 2.5 deprecates setting .shape in place
+        warnings.simplefilter("ignore", DeprecationWarning)
+        view.shape = (2, 4)  # changing a stale view never reaches the next user's array
     assert b.shape == (8,) and b.host.shape == (8,)
     b.free()
 
