@@ -21,6 +21,7 @@ import pyopencl as cl
 from pyopencl import _cl
 
 from svmkit import _icd
+from svmkit._placeholder import placeholder
 from svmkit._validate import (
     check_command,
     check_contiguous,
@@ -187,15 +188,20 @@ def copy(
             event.wait()
     except cl.Error as exc:
         raise translate(exc, what="clEnqueueSVMMemcpy", nbytes=nbytes) from exc
-    svm_sides = 0
+    host_sides: tuple[Any, ...] = ()
     if isinstance(dst, SVMArray):
         dst._alloc.events.record(event, queue)
-        svm_sides += 1
+    else:
+        host_sides += (dst_ptr_obj,)
     if isinstance(src, SVMArray):
         src._alloc.events.record(event, queue)
-        svm_sides += 1
-    if not blocking and svm_sides < 2:
-        release_after([event], _KeepAlive((dst_ptr_obj, src_ptr_obj)))
+    else:
+        host_sides += (src_ptr_obj,)
+    if not blocking and host_sides:
+        # Only the NumPy side: an SVM side's memory already waits for the event (its
+        # free is ordered after it), and holding the array would keep a dropped array
+        # from being freed until the copy finished.
+        release_after([event], _KeepAlive(host_sides))
     return event
 
 
@@ -333,9 +339,8 @@ def launch(
     ----------
     args:
         Kernel arguments.  SVMArrays pass as SVM pointers (element 0); a zero-element
-        array that allocated nothing passes as a NULL buffer argument (the spec's NULL
-        pointer argument: NVIDIA's driver refuses a NULL SVM pointer with
-        ``CL_INVALID_KERNEL_ARGS``).  An object with
+        array, which allocates nothing, passes the context's placeholder allocation
+        (see :mod:`svmkit._placeholder`: NVIDIA's OpenCL refuses NULL there).  An object with
         ``kernel_arg`` and ``svm_pointers`` attributes (a :class:`~svmkit.WorkQueue`)
         passes as ``kernel_arg`` and has its ``svm_pointers`` registered.  Anything else
         passes to PyOpenCL unchanged.
@@ -377,8 +382,8 @@ def launch(
         if isinstance(arg, SVMArray):
             alloc = _check_kernel_array(arg, context, "a kernel argument")
             allocs.append(alloc)
-            if alloc.ptr == 0:  # a zero-byte array allocates nothing: a NULL argument
-                call_args[i] = None
+            if alloc.ptr == 0:  # a zero-byte array allocates nothing
+                call_args[i] = placeholder(context)
         elif hasattr(arg, "kernel_arg") and hasattr(arg, "svm_pointers"):
             call_args[i] = arg.kernel_arg
             pointers.extend(arg.svm_pointers)
@@ -396,7 +401,7 @@ def launch(
             raise InvalidValueError(
                 f"uses= takes SVMArrays (or work queues), got {type(used).__name__}"
             )
-    _register_svm_pointers(kernel, pointers, args)
+    _register_svm_pointers(kernel, pointers, context)
     if not getattr(kernel, "_svmkit_fine_grain_system", False) and any(
         alloc.policy.granularity is Granularity.SYSTEM for alloc in allocs
     ):
@@ -432,29 +437,26 @@ def _listable(alloc: Allocation) -> bool:
     return alloc.ptr != 0 and alloc.policy.granularity is not Granularity.SYSTEM
 
 
-def _register_svm_pointers(kernel: cl.Kernel, pointers: list[int], args: tuple[Any, ...]) -> None:
+def _register_svm_pointers(kernel: cl.Kernel, pointers: list[int], context: cl.Context) -> None:
     """``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS)`` for ``pointers``.
 
-    The setting persists on the kernel object; a launch without pointers after one with
-    them replaces the stale list by the array arguments' pointers (the spec offers no way
-    to clear it), so memory freed since is never named to the driver again.
+    The setting persists on the kernel object.  A launch without pointers after one with
+    them replaces the stale list by the context's placeholder allocation (the spec offers
+    no way to clear it, and NVIDIA's driver crashes enqueueing a kernel whose list names
+    freed memory), so memory freed since is never named to the driver again.
     """
-    if not pointers:
-        if not getattr(kernel, "_svmkit_svm_ptrs", False):
-            return
-        pointers = [
-            a._alloc.ptr + a._offset
-            for a in args
-            if isinstance(a, SVMArray) and _listable(a._alloc)
-        ]
-        if not pointers:
-            return
-    code = _icd.set_kernel_exec_info_svm_ptrs(kernel, tuple(pointers))
+    if pointers:
+        listed = tuple(pointers)
+    elif getattr(kernel, "_svmkit_svm_ptrs", False):
+        listed = (placeholder(context).ptr,)  # nothing stale is named any more
+    else:
+        return
+    code = _icd.set_kernel_exec_info_svm_ptrs(kernel, listed)
     if code:
         raise error_for_name(
             cl_error_name(code), "clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS) failed"
         )
-    setattr(kernel, "_svmkit_svm_ptrs", True)  # noqa: B010 (a pyopencl object)
+    setattr(kernel, "_svmkit_svm_ptrs", bool(pointers))  # noqa: B010 (a pyopencl object)
 
 
 def _allow_fine_grain_system(kernel: cl.Kernel) -> None:

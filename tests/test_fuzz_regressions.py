@@ -68,37 +68,119 @@ def test_zero_byte_command_inside_a_write_map_is_allowed(ctx, queue):
             sk.copy(queue, a[10:11], np.zeros(1, np.uint8))
 
 
+TOUCH = """
+__kernel void touch(__global uchar *p, uint n) {
+    if (get_global_id(0) < n) p[get_global_id(0)] ^= 1;
+}
+"""
+
+
+@pytest.fixture
+def listed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """Every CL_KERNEL_EXEC_INFO_SVM_PTRS list svmkit sets (the calls still go through)."""
+    import svmkit._icd as icd
+
+    calls: list[tuple[int, ...]] = []
+    real = icd.set_kernel_exec_info_svm_ptrs
+    monkeypatch.setattr(
+        icd, "set_kernel_exec_info_svm_ptrs", lambda k, p: (calls.append(p), real(k, p))[1]
+    )
+    return calls
+
+
 @pytest.mark.needs("coarse")
-def test_zero_byte_array_is_never_named_in_svm_ptrs(ctx, queue, monkeypatch):
+def test_zero_byte_array_is_never_named_or_passed_as_null(ctx, queue, listed):
     # Found by the deep fuzz run on Intel's CPU runtime: a kernel whose SVM pointer list
     # had been set once was launched with a zero-element array (which allocates nothing,
     # ptr 0); the refreshed list named the NULL pointer and the driver answered
-    # CL_INVALID_VALUE (PoCL accepts it).  NULL never reaches the list.  Run on NVIDIA's
-    # OpenCL, the same launch showed a second defect: a NULL SVM pointer argument fails
-    # with CL_INVALID_KERNEL_ARGS; a zero-byte array passes as a NULL buffer argument.
+    # CL_INVALID_VALUE (PoCL accepts it).  The deep fuzz on NVIDIA's OpenCL then showed
+    # that a NULL argument, after an SVM pointer argument, fails there with
+    # CL_INVALID_KERNEL_ARGS.  A zero-byte array passes the context's placeholder.
     import pyopencl as cl
 
-    import svmkit._icd as icd
+    from svmkit._placeholder import placeholder
 
-    listed: list[tuple[int, ...]] = []
-    real = icd.set_kernel_exec_info_svm_ptrs
-    monkeypatch.setattr(
-        icd, "set_kernel_exec_info_svm_ptrs", lambda k, p: (listed.append(p), real(k, p))[1]
-    )
-    kernel = cl.Kernel(
-        sk.build_program(
-            ctx,
-            "__kernel void touch(__global uchar *p, uint n) {"
-            " if (get_global_id(0) < n) p[get_global_id(0)] ^= 1; }",
-        ),
-        "touch",
-    )
+    kernel = cl.Kernel(sk.build_program(ctx, TOUCH), "touch")
     coarse = sk.Policy.coarse()
     real_array = sk.zeros(ctx, 4, np.uint8, policy=coarse)
     empty = sk.empty(ctx, 0, np.uint8, policy=coarse)
     assert empty.ptr == 0
     sk.launch(queue, kernel, (4,), None, real_array, np.uint32(4), uses=[real_array]).wait()
-    sk.launch(queue, kernel, (1,), None, empty, np.uint32(0)).wait()  # refresh: nothing
+    sk.launch(queue, kernel, (1,), None, empty, np.uint32(0)).wait()
     sk.launch(queue, kernel, (1,), None, empty, np.uint32(0), uses=[empty]).wait()
-    assert listed == [(real_array.ptr,)]
+    assert listed == [(real_array.ptr,), (placeholder(ctx).ptr,)]
+    assert placeholder(ctx).ptr != 0 and placeholder(ctx).nbytes > 0
     np.testing.assert_array_equal(real_array.get(), np.ones(4, np.uint8))
+
+
+@pytest.mark.needs("coarse")
+def test_a_list_naming_freed_memory_is_replaced_before_the_next_launch(ctx, queue, listed):
+    # Found by the deep fuzz run on NVIDIA's OpenCL (a segmentation fault inside
+    # clEnqueueNDRangeKernel): the kernel's SVM pointer list still named an allocation
+    # that had been freed, because the next launch had no pointer to list (its only
+    # array argument had zero elements).  NVIDIA's driver dereferences the list at
+    # enqueue; the list now holds the context's placeholder instead.
+    import pyopencl as cl
+
+    from svmkit import events
+    from svmkit._placeholder import placeholder
+
+    kernel = cl.Kernel(sk.build_program(ctx, TOUCH), "touch")
+    coarse = sk.Policy.coarse()
+    out = sk.zeros(ctx, 4, np.uint8, policy=coarse)
+    doomed = sk.zeros(ctx, 1 << 20, np.uint8, policy=coarse)
+    sk.launch(queue, kernel, (4,), None, out, np.uint32(4), uses=[doomed]).wait()
+    doomed.free()
+    assert events.drain(10.0)  # clSVMFree has run
+    sk.launch(queue, kernel, (1,), None, sk.empty(ctx, 0, np.uint8, policy=coarse), np.uint32(0))
+    sk.launch(queue, kernel, (4,), None, out, np.uint32(4)).wait()
+    assert listed[1:] == [(placeholder(ctx).ptr,)]
+    np.testing.assert_array_equal(out.get(), np.zeros(4, np.uint8))  # touched twice
+
+
+@pytest.mark.parametrize("direction", ["to_host", "from_host"])
+def test_dropping_an_array_under_a_pending_host_copy_frees_it_after_the_copy(
+    ctx, queue, direction, monkeypatch
+):
+    # Found by the deep fuzz run on NVIDIA's OpenCL, where copies finish later than on a
+    # CPU: a non-blocking copy between an SVMArray and NumPy kept the SVMArray itself
+    # alive until the copy finished, so dropping the last reference did not free it.
+    # Only the NumPy side needs holding; the SVM memory's clSVMFree already waits for
+    # the copy's event.
+    import gc
+    import weakref
+
+    import pyopencl as cl
+
+    from svmkit import _icd, events
+
+    driver_frees: list[int] = []
+    real_free = _icd.svm_free
+    monkeypatch.setattr(
+        _icd, "svm_free", lambda c, ptr: (driver_frees.append(ptr), real_free(c, ptr))[1]
+    )
+    stats = sk.StatisticsAdaptor(sk.SVMResource(ctx, sk.Policy.best(ctx, system=False)))
+    a = sk.full(ctx, 100, 7, np.uint8, resource=stats)
+    ptr = a.ptr
+    host = np.zeros(100, np.uint8)
+    gate = cl.UserEvent(ctx)
+    if direction == "to_host":
+        event = sk.copy(queue, host, a, blocking=False, wait_for=[gate])
+    else:
+        event = sk.copy(queue, a, host, blocking=False, wait_for=[gate])
+    record = weakref.ref(a.allocation)
+    del a
+    try:
+        gc.collect()
+        dropped = record()
+        assert dropped is None or dropped.freed  # freed as by free() ...
+        del dropped
+        assert stats.stats()["current_bytes"] == 0
+        assert ptr not in driver_frees  # ... the driver's memory kept for the copy
+    finally:  # an incomplete user event would block the context's release
+        gate.set_status(cl.command_execution_status.COMPLETE)
+    event.wait()
+    assert events.drain(10.0)
+    assert driver_frees.count(ptr) == 1
+    if direction == "to_host":
+        np.testing.assert_array_equal(host, np.full(100, 7, np.uint8))

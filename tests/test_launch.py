@@ -9,6 +9,7 @@ import pytest
 import svmkit as sk
 import svmkit._icd as icd
 import svmkit.ops as ops
+from svmkit._placeholder import placeholder
 
 COMPLETE = cl.command_execution_status.COMPLETE
 
@@ -96,11 +97,13 @@ def test_uses_registers_exec_info(queue, program, monkeypatch):
     b = sk.zeros(ctx, 8, np.int32, policy=buffer)
     sk.launch(queue, kernel, (4,), None, a, uses=[b, b[4:]]).wait()
     assert calls == [(b.ptr, b.ptr + 16)]
-    sk.launch(queue, kernel, (4,), None, a).wait()  # stale list replaced by the arguments
-    assert calls[1] == (a.ptr,)
+    sk.launch(queue, kernel, (4,), None, a).wait()  # the stale list is replaced ...
+    assert calls[1] == (placeholder(ctx).ptr,)  # ... by the context's placeholder
+    sk.launch(queue, kernel, (4,), None, a).wait()  # nothing stale left to replace
     other = cl.Kernel(program, "twice")
     sk.launch(queue, other, (4,), None, a).wait()  # never registered: nothing to replace
     assert len(calls) == 2
+    np.testing.assert_array_equal(a.get(), np.zeros(4, np.int32))
 
 
 @pytest.mark.needs("system")
