@@ -55,9 +55,11 @@ def machine_notes(ctx: cl.Context, extra: str = "") -> list[str]:
 def section_name(script: str, ctx: cl.Context) -> tuple[str, str]:
     """``(section, title suffix)`` for a run on ``ctx``'s first device."""
     dev = ctx.devices[0]
-    if dev.type & cl.device_type.CPU:
-        return script, ""
     vendor = re.sub(r"[^a-z0-9]+", "-", dev.platform.vendor.lower()).strip("-").split("-")[0]
+    if dev.type & cl.device_type.CPU:
+        if "Portable Computing Language" in dev.platform.name:
+            return script, ""  # PoCL: the CPU tables
+        return f"{script}-{vendor}-cpu", f" ({dev.platform.name.strip()}, CPU)"
     return f"{script}-{vendor}", f" ({dev.name.strip()})"
 
 

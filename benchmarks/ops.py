@@ -4,6 +4,8 @@ Rows (medians, svmkit and raw PyOpenCL interleaved batch by batch in the same ru
 
 * per-call time of a 64 B fill, copy and migrate, enqueue-only (``blocking=False``, no
   wait; the queue is drained between timed batches) and blocking (returns when done);
+* per-call time of ``sk.launch`` of an empty kernel with two array arguments against
+  calling the PyOpenCL kernel with two ``cl.SVM`` pointers, enqueue-only;
 * a 64 B map/unmap round trip (``with sk.mapped`` vs ``svm.map_rw`` + ``release``);
 * bandwidth of copy and fill at 64 MiB (``--big``: also 1 GiB), with NumPy on host
   memory of the same size for scale.
@@ -97,6 +99,19 @@ class _Stub:
 
     _enqueue_svm_memcpy = _enqueue_svm_migrate_mem = _enqueue_svm_memfill
     _enqueue_svm_map = _enqueue_svm_unmap = _enqueue_svm_memfill
+
+
+class _StubKernel:
+    """Stands in for a ``pyopencl.Kernel`` of ``context``: its enqueue returns ``done``."""
+
+    function_name = "noop"
+
+    def __init__(self, context: cl.Context, done: cl.Event) -> None:
+        self._svmkit_context = context  # what svmkit's context check reads
+        self.done = done
+
+    def __call__(self, *args: Any, **kwargs: Any) -> cl.Event:
+        return self.done
 
 
 def python_cost(
@@ -208,6 +223,25 @@ def small_rows(
             None,
         )
 
+    noop = cl.Kernel(
+        sk.build_program(ctx, "__kernel void noop(__global uchar *a, __global uchar *b) {}"),
+        "noop",
+    )
+    add(
+        "launch (2 array arguments, 1 work-item), enqueue-only",
+        per_call_us(
+            {
+                "svmkit": lambda: sk.launch(queue, noop, (1,), None, a, b),
+                "raw": lambda: noop(queue, (1,), None, raw_a, raw_b),
+            },
+            calls,
+            batches,
+            finish,
+        ),
+        False,
+        None,
+    )
+
     # Control: raw calls spaced by pure-Python host work as long as svmkit's own cost.
     # On a CPU device the driver's worker threads share the cores with the caller, and
     # the per-call driver time grows with the spacing of calls, whatever fills the gap.
@@ -298,6 +332,9 @@ def small_rows(
         )
 
     progress(f"{label}: svmkit's own Python cost per call (driver stubbed)")
+    finished = cl.enqueue_marker(queue)
+    finished.wait()
+    stub_noop = _StubKernel(ctx, finished)
     cost = python_cost(
         queue,
         {
@@ -306,6 +343,7 @@ def small_rows(
             "copy, blocking": lambda: sk.copy(queue, a, b),
             "migrate": lambda: sk.migrate(queue, [a]),
             "mapped round trip": sk_map,
+            "launch (2 array arguments)": lambda: sk.launch(queue, stub_noop, (1,), None, a, b),
         },
         calls,
         batches,

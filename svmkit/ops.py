@@ -377,6 +377,7 @@ def launch(
     allocs: list[Allocation] = []
     others: list[Any] = []
     pointers: list[int] = []
+    system = False  # any SYSTEM array involved
     call_args = list(args)
     for i, arg in enumerate(args):
         if isinstance(arg, SVMArray):
@@ -384,6 +385,8 @@ def launch(
             allocs.append(alloc)
             if alloc.ptr == 0:  # a zero-byte array allocates nothing
                 call_args[i] = placeholder(context)
+            elif alloc.policy.granularity is Granularity.SYSTEM:
+                system = True
         elif hasattr(arg, "kernel_arg") and hasattr(arg, "svm_pointers"):
             call_args[i] = arg.kernel_arg
             pointers.extend(arg.svm_pointers)
@@ -394,6 +397,8 @@ def launch(
             allocs.append(alloc)
             if _listable(alloc):
                 pointers.append(alloc.ptr + used._offset)
+            elif alloc.policy.granularity is Granularity.SYSTEM:
+                system = True
         elif hasattr(used, "svm_pointers"):
             pointers.extend(used.svm_pointers)
             others.append(used)
@@ -402,9 +407,7 @@ def launch(
                 f"uses= takes SVMArrays (or work queues), got {type(used).__name__}"
             )
     _register_svm_pointers(kernel, pointers, context)
-    if not getattr(kernel, "_svmkit_fine_grain_system", False) and any(
-        alloc.policy.granularity is Granularity.SYSTEM for alloc in allocs
-    ):
+    if system and not getattr(kernel, "_svmkit_fine_grain_system", False):
         _allow_fine_grain_system(kernel)
     try:
         event = kernel(queue, global_size, local_size, *call_args, wait_for=wait)
