@@ -11,7 +11,7 @@ from typing import Any
 
 import pyopencl as cl
 
-from svmkit.capabilities import capabilities, opencl_c_versions
+from svmkit.capabilities import capabilities, compiler_failure, opencl_c_versions
 from svmkit.policy import Policy
 
 __all__ = ["collect", "render_table"]
@@ -44,6 +44,7 @@ def _device_entry(device: cl.Device) -> dict[str, Any]:
         entry["policy_atomics"] = (
             str(Policy.best(caps, atomics=True)) if caps.svm and caps.atomics else None
         )
+        entry["compiler_error"] = compiler_failure(device)  # None: builds a kernel
     except Exception as exc:  # a broken device is reported, not fatal
         log.debug("querying %r failed", device, exc_info=True)
         entry["error"] = f"{type(exc).__name__}: {exc}"
@@ -113,6 +114,7 @@ def render_table(report: dict[str, Any]) -> str:
         "scope",
         "max alloc",
         "align",
+        "compiler",
         "policy",
     )
     for p_index, platform in enumerate(report.get("platforms", [])):
@@ -142,11 +144,18 @@ def render_table(report: dict[str, Any]) -> str:
                     scope,
                     _mib(dev["max_alloc_bytes"]),
                     f"{dev['max_alignment']} B",
+                    "fails" if dev["compiler_error"] else "ok",
                     policy,
                 )
             )
         widths = [max(len(str(r[i])) for r in rows) for i in range(len(header))]
         for row in rows:
             lines.append("  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        for d_index, dev in enumerate(platform["devices"]):
+            if dev.get("compiler_error"):
+                lines.append(
+                    f"  {d_index}: the compiler fails ({dev['compiler_error']}); "
+                    "sk.create_context() passes over this device"
+                )
         lines.append("")
     return "\n".join(lines) + "\n"

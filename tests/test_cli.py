@@ -42,6 +42,21 @@ def test_info_json_matches_capabilities(capsys):
             assert dentry["max_alloc_bytes"] == device.max_mem_alloc_size
             assert dentry["max_alignment"] == caps.max_alignment
             assert dentry["policy"] == str(sk.Policy.best(caps))
+            assert dentry["compiler_error"] == sys.modules["svmkit.capabilities"].compiler_failure(
+                device
+            )
+
+
+def test_info_names_a_device_whose_compiler_fails(capsys, monkeypatch):
+    failing = "error: unknown target CPU 'generic'"
+    monkeypatch.setattr(sys.modules["svmkit.info"], "compiler_failure", lambda d: failing)
+    assert main(["info", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert all(d["compiler_error"] == failing for p in report["platforms"] for d in p["devices"])
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert f"the compiler fails ({failing}); sk.create_context() passes over this device" in out
+    assert " fails " in out
 
 
 def test_a_device_that_errors_is_reported_not_fatal(capsys, monkeypatch):
