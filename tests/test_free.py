@@ -34,9 +34,9 @@ class FreeSpy:
 
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> FreeSpy:
-    # Earlier tests' deferred frees land first: one of them could free an address that
-    # this test's allocation then reuses, and the spy would count it (seen on PoCL 3.0
-    # under pytest-xdist).
+    # Earlier tests' garbage and deferred frees go first: freeing an address that this
+    # test's allocation then reuses would count twice (seen on PoCL 3.0 under xdist).
+    gc.collect()
     assert drain(10)
     s = FreeSpy()
     monkeypatch.setattr(icd, "svm_free", s)
