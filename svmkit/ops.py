@@ -378,16 +378,20 @@ def launch(
     others: list[Any] = []
     pointers: list[int] = []
     system = False  # any SYSTEM array involved
-    call_args = list(args)
+    call_args: list[Any] | None = None  # a copy of args, made when one is replaced
     for i, arg in enumerate(args):
         if isinstance(arg, SVMArray):
             alloc = _check_kernel_array(arg, context, "a kernel argument")
             allocs.append(alloc)
             if alloc.ptr == 0:  # a zero-byte array allocates nothing
+                call_args = call_args or list(args)
                 call_args[i] = placeholder(context)
             elif alloc.policy.granularity is Granularity.SYSTEM:
                 system = True
+        elif isinstance(arg, _PLAIN_ARGUMENTS):
+            continue  # the common scalars: no attribute probing (slow on NumPy scalars)
         elif hasattr(arg, "kernel_arg") and hasattr(arg, "svm_pointers"):
+            call_args = call_args or list(args)
             call_args[i] = arg.kernel_arg
             pointers.extend(arg.svm_pointers)
             others.append(arg)
@@ -410,7 +414,13 @@ def launch(
     if system and not getattr(kernel, "_svmkit_fine_grain_system", False):
         _allow_fine_grain_system(kernel)
     try:
-        event = kernel(queue, global_size, local_size, *call_args, wait_for=wait)
+        event = kernel(
+            queue,
+            global_size,
+            local_size,
+            *(args if call_args is None else call_args),
+            wait_for=wait,
+        )
     except cl.Error as exc:
         raise translate(exc, what=f"enqueueing kernel {kernel.function_name}") from exc
     for alloc in allocs:
@@ -420,6 +430,9 @@ def launch(
         if callable(record):
             record(event)
     return event
+
+
+_PLAIN_ARGUMENTS = (np.generic, int, float, bytes, type(None))
 
 
 def _check_kernel_array(a: SVMArray, context: cl.Context, name: str) -> Allocation:
