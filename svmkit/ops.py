@@ -467,11 +467,7 @@ def _register_svm_pointers(kernel: cl.Kernel, pointers: list[int], context: cl.C
         listed = (placeholder(context).ptr,)  # nothing stale is named any more
     else:
         return
-    code = _icd.set_kernel_exec_info_svm_ptrs(kernel, listed)
-    if code:
-        raise error_for_name(
-            cl_error_name(code), "clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS) failed"
-        )
+    _check_exec_info(_icd.set_kernel_exec_info_svm_ptrs(kernel, listed), "SVM_PTRS")
     setattr(kernel, "_svmkit_svm_ptrs", bool(pointers))  # noqa: B010 (a pyopencl object)
 
 
@@ -482,9 +478,13 @@ def _allow_fine_grain_system(kernel: cl.Kernel) -> None:
     use no system memory, so it is never cleared.
     """
     code = _icd.set_kernel_exec_info_fine_grain_system(kernel, True)
+    _check_exec_info(code, "SVM_FINE_GRAIN_SYSTEM")
+    setattr(kernel, "_svmkit_fine_grain_system", True)  # noqa: B010 (a pyopencl object)
+
+
+def _check_exec_info(code: int, name: str) -> None:
+    """Raise the typed error for a failed ``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_<name>)``."""
     if code:
         raise error_for_name(
-            cl_error_name(code),
-            "clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM) failed",
+            cl_error_name(code), f"clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_{name}) failed"
         )
-    setattr(kernel, "_svmkit_fine_grain_system", True)  # noqa: B010 (a pyopencl object)
