@@ -275,3 +275,19 @@ def test_ops_module_exports():
         ops.migrate,
         ops.launch,
     }
+
+
+def test_exec_info_failures_are_typed_errors(queue, program, monkeypatch):
+    ctx = queue.context
+    kernel = cl.Kernel(program, "twice")
+    buffer = sk.Policy.best(ctx, system=False)
+    a = sk.zeros(ctx, 4, np.int32, policy=buffer)
+    monkeypatch.setattr(icd, "set_kernel_exec_info_svm_ptrs", lambda k, p: -30)
+    with pytest.raises(sk.InvalidValueError, match="CL_KERNEL_EXEC_INFO_SVM_PTRS") as err:
+        sk.launch(queue, kernel, (4,), None, a, uses=[a])
+    assert err.value.cl_error == "CL_INVALID_VALUE"
+    monkeypatch.setattr(icd, "set_kernel_exec_info_fine_grain_system", lambda k, on: -59)
+    with pytest.raises(sk.SVMError, match="SVM_FINE_GRAIN_SYSTEM") as err2:
+        ops._allow_fine_grain_system(kernel)  # what launch calls for SYSTEM memory
+    assert err2.value.cl_error == "CL_INVALID_OPERATION"
+    assert not getattr(kernel, "_svmkit_fine_grain_system", False)  # not marked as done
