@@ -342,7 +342,8 @@ def test_limit_is_exact(ctx: cl.Context) -> None:
 
 
 # -- stress --------------------------------------------------------------------------------
-def _stress(ctx: cl.Context, threads: int, steps: int) -> None:
+def _stress(ctx: cl.Context, threads: int, steps: int) -> int:
+    """Threads allocate, stamp, verify and free; the pooled allocations made."""
     caps = sk.capabilities(ctx)
     policy = sk.Policy.fine() if caps.fine_grain_buffer else sk.Policy.coarse()
     upstream = sk.StatisticsAdaptor(sk.SVMResource(ctx, policy))
@@ -386,12 +387,13 @@ def _stress(ctx: cl.Context, threads: int, steps: int) -> None:
     assert info["upstream_bytes"] == upstream.stats()["current_bytes"] == info["cached_bytes"]
     pool.trim()
     assert upstream.stats()["current_bytes"] == 0  # nothing leaked
+    return int(stats["total_allocations"])
 
 
 def test_stress_threads_alloc_free(ctx: cl.Context) -> None:
-    _stress(ctx, threads=8, steps=1000)
+    assert _stress(ctx, threads=8, steps=1000) > 8 * 1000 // 3
 
 
 @pytest.mark.stress
 def test_stress_threads_alloc_free_long(ctx: cl.Context) -> None:
-    _stress(ctx, threads=8, steps=100_000)
+    assert _stress(ctx, threads=8, steps=100_000) > 8 * 100_000 // 3

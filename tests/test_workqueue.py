@@ -304,7 +304,8 @@ def test_close_wakes_blocked_host_pop(ctx: cl.Context, backend: str) -> None:
     assert not t.is_alive() and len(outcome) == 1
 
 
-def _host_exactly_once(wq: sk.WorkQueue, producers: int, consumers: int, per: int) -> None:
+def _host_exactly_once(wq: sk.WorkQueue, producers: int, consumers: int, per: int) -> int:
+    """Pushes and pops through host threads; the number of items seen exactly once."""
     popped: list[np.ndarray] = []
     lock = threading.Lock()
     done = threading.Barrier(producers + 1)
@@ -354,12 +355,13 @@ def _host_exactly_once(wq: sk.WorkQueue, producers: int, consumers: int, per: in
     )
     result = np.sort(np.concatenate(popped))
     np.testing.assert_array_equal(result, np.arange(producers * per))
+    return len(result)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 4])
 def test_host_threads_exactly_once(ctx: cl.Context, backend: str, threads: int) -> None:
     wq = sk.WorkQueue(ctx, 16, backend=backend)
-    _host_exactly_once(wq, threads, threads, 3000)
+    assert _host_exactly_once(wq, threads, threads, 3000) == threads * 3000
 
 
 @pytest.mark.parametrize("variant", ["per-item-acquire-release", "x86-thunk"])
@@ -384,7 +386,7 @@ def test_python_ring_variants(
     monkeypatch.setattr(_hostatomics, "ring_class", lambda backend=None: ring)
     wq = sk.WorkQueue(ctx, 8)
     assert made and wq._ring is made[0]
-    _host_exactly_once(wq, 2, 2, 1500)
+    assert _host_exactly_once(wq, 2, 2, 1500) == 3000
 
 
 def test_thunk_compare_exchange_semantics() -> None:
@@ -419,7 +421,8 @@ def _launch_consumers(
 
 def _host_to_device(
     ctx: cl.Context, queues: list[cl.CommandQueue], backend: str, threads: int, per: int
-) -> None:
+) -> int:
+    """Host threads push, device consumers pop; the number of items seen exactly once."""
     wq = sk.WorkQueue(ctx, 64, backend=backend)
     total = threads * per
     out = fine_zeros(ctx, total, np.int64)
@@ -443,21 +446,25 @@ def _host_to_device(
     finish(events, wq)
     assert count.host[0] == total
     np.testing.assert_array_equal(np.sort(out.host), np.arange(total))
+    return int(count.host[0])
 
 
 @pytest.mark.parametrize("threads", [1, 2, 4])
 def test_host_producers_device_consumers(ctx: cl.Context, backend: str, threads: int) -> None:
-    _host_to_device(ctx, [cl.CommandQueue(ctx)], backend, threads, 20000 // threads)
+    per = 20000 // threads
+    assert _host_to_device(ctx, [cl.CommandQueue(ctx)], backend, threads, per) == threads * per
 
 
 def test_host_producers_two_devices(two_device_ctx: cl.Context, backend: str) -> None:
     ctx = two_device_ctx
-    _host_to_device(ctx, [cl.CommandQueue(ctx, d) for d in ctx.devices], backend, 2, 10000)
+    queues = [cl.CommandQueue(ctx, d) for d in ctx.devices]
+    assert _host_to_device(ctx, queues, backend, 2, 10000) == 20000
 
 
 def _device_to_host(
     ctx: cl.Context, queues: list[cl.CommandQueue], backend: str, threads: int, per_item: int
-) -> None:
+) -> int:
+    """Device work-items push ``per_item`` each, host threads pop; the items seen once."""
     wq = sk.WorkQueue(ctx, 32, backend=backend)
     refused = fine_zeros(ctx, 1, np.int32)
     events = []
@@ -501,20 +508,25 @@ def _device_to_host(
     run_threads(consume, threads)
     watcher.join()
     assert refused.host[0] == 0
-    np.testing.assert_array_equal(np.sort(np.concatenate(popped)), np.arange(total))
+    result = np.sort(np.concatenate(popped))
+    np.testing.assert_array_equal(result, np.arange(total))
+    return len(result)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 4])
 def test_device_producers_host_consumers(ctx: cl.Context, backend: str, threads: int) -> None:
-    _device_to_host(ctx, [cl.CommandQueue(ctx)], backend, threads, 5000)
+    seen = _device_to_host(ctx, [cl.CommandQueue(ctx)], backend, threads, 5000)
+    assert seen > 0 and seen % 5000 == 0  # every producing work-item's 5000 items
 
 
 def test_device_producers_two_devices(two_device_ctx: cl.Context, backend: str) -> None:
     ctx = two_device_ctx
-    _device_to_host(ctx, [cl.CommandQueue(ctx, d) for d in ctx.devices], backend, 2, 4000)
+    seen = _device_to_host(ctx, [cl.CommandQueue(ctx, d) for d in ctx.devices], backend, 2, 4000)
+    assert seen >= 2 * 4000 and seen % 4000 == 0  # at least one producer per device
 
 
-def _spawn(ctx: cl.Context, queues: list[cl.CommandQueue], limit: int, capacity: int) -> None:
+def _spawn(ctx: cl.Context, queues: list[cl.CommandQueue], limit: int, capacity: int) -> int:
+    """Tasks 1..limit-1 spawned on the device; the number of tasks run exactly once."""
     wq = sk.WorkQueue(ctx, capacity)
     seen = fine_zeros(ctx, limit, np.int32)
     outstanding = fine_zeros(ctx, 1, np.int64)
@@ -532,17 +544,18 @@ def _spawn(ctx: cl.Context, queues: list[cl.CommandQueue], limit: int, capacity:
     expected = np.ones(limit, np.int32)
     expected[0] = 0
     np.testing.assert_array_equal(seen.host, expected)  # each task exactly once
+    return int(seen.host.sum())
 
 
 @pytest.mark.parametrize("capacity", [4, 1024])
 def test_dynamic_spawning(ctx: cl.Context, capacity: int) -> None:
     """Work-items push new tasks other work-items pop; a small ring forces inline work."""
-    _spawn(ctx, [cl.CommandQueue(ctx)], 50000, capacity)
+    assert _spawn(ctx, [cl.CommandQueue(ctx)], 50000, capacity) == 50000 - 1
 
 
 def test_dynamic_spawning_two_devices(two_device_ctx: cl.Context) -> None:
     ctx = two_device_ctx
-    _spawn(ctx, [cl.CommandQueue(ctx, d) for d in ctx.devices], 50000, 64)
+    assert _spawn(ctx, [cl.CommandQueue(ctx, d) for d in ctx.devices], 50000, 64) == 50000 - 1
 
 
 @pytest.mark.parametrize(
@@ -690,17 +703,20 @@ def _no_leaked_threads() -> Iterator[None]:
 @pytest.mark.stress
 def test_stress_spawning_two_devices(two_device_ctx: cl.Context) -> None:
     ctx = two_device_ctx
-    _spawn(ctx, [cl.CommandQueue(ctx, d) for d in ctx.devices], 10_000_000, 4096)
+    queues = [cl.CommandQueue(ctx, d) for d in ctx.devices]
+    assert _spawn(ctx, queues, 10_000_000, 4096) == 10_000_000 - 1
 
 
 @pytest.mark.stress
 def test_stress_device_to_host(ctx: cl.Context) -> None:
     queue = cl.CommandQueue(ctx)
     groups = sk.persistent_grid(queue, host_threads=2)[0][0]
-    _device_to_host(
+    per_item = 10_000_000 // groups
+    seen = _device_to_host(
         ctx,
         [queue],
         "native" if "native" in _hostatomics.available_backends() else "python",
         2,
-        10_000_000 // groups,
+        per_item,
     )
+    assert seen == groups * per_item
