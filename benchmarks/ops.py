@@ -119,16 +119,16 @@ def python_cost(
 ) -> dict[str, float]:
     """Per-call time of svmkit's own Python work: the driver entry points stubbed out."""
     import svmkit.mapping
-    import svmkit.ops
+    import svmkit.ops.transfer
 
     done = cl.enqueue_marker(queue)
     done.wait()
-    saved = svmkit.ops._cl, svmkit.mapping._cl
-    svmkit.ops._cl = svmkit.mapping._cl = _Stub(done)  # type: ignore[assignment]
+    saved = svmkit.ops.transfer._cl, svmkit.mapping._cl
+    svmkit.ops.transfer._cl = svmkit.mapping._cl = _Stub(done)  # type: ignore[assignment]
     try:
         return per_call_us(fns, calls, batches, lambda: None)
     finally:
-        svmkit.ops._cl, svmkit.mapping._cl = saved
+        svmkit.ops.transfer._cl, svmkit.mapping._cl = saved
 
 
 class Pair:

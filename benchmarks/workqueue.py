@@ -224,9 +224,9 @@ class Batched:
 
 
 def machine_notes(ctx: cl.Context) -> list[str]:
-    from svmkit import _hostatomics
+    from svmkit.workqueue import ring
 
-    return _common.machine_notes(ctx, f" (host atomics: {_hostatomics.available_backends()[0]})")
+    return _common.machine_notes(ctx, f" (host atomics: {ring.available_backends()[0]})")
 
 
 def fmt_rate(x: float) -> str:

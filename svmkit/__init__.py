@@ -5,16 +5,26 @@ capabilities and policies, SVM arrays and their constructors, memory resources a
 mapping, checked operations, kernels and the fine-grain atomic work queue.
 
 Importing svmkit makes OpenCL drivers installed as wheels (Intel's CPU runtime,
-``intel-opencl-rt``) visible to PyOpenCL's ICD loader; see :mod:`svmkit._vendors`.
+``intel-opencl-rt``) visible to PyOpenCL's ICD loader; see :mod:`svmkit.driver.icd_vendors`.
 """
 
-from svmkit._vendors import register_wheel_drivers
+from svmkit.driver.icd_vendors import register_wheel_drivers
 
 register_wheel_drivers()  # before any OpenCL call: the ICD loader reads it once
 
-from svmkit.array import SVMArray
+from svmkit._version import __version__
+from svmkit.arrays import (
+    Pool,
+    SVMArray,
+    asarray,
+    empty,
+    empty_like,
+    full,
+    ones,
+    zeros,
+    zeros_like,
+)
 from svmkit.capabilities import Capabilities, capabilities, create_context
-from svmkit.creation import asarray, empty, empty_like, full, ones, zeros, zeros_like
 from svmkit.errors import (
     CopyOverlapError,
     InvalidContextError,
@@ -29,7 +39,6 @@ from svmkit.errors import (
 from svmkit.mapping import mapped
 from svmkit.ops import copy, fill, launch, migrate
 from svmkit.policy import Access, Granularity, Policy
-from svmkit.pool import Pool
 from svmkit.programs import build_program, kernels_dir
 from svmkit.resources import (
     Allocation,
@@ -44,8 +53,6 @@ from svmkit.resources import (
 )
 from svmkit.resources.debug import DebugAdaptor, debug_enabled, set_debug
 from svmkit.workqueue import WorkQueue, persistent_grid
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Access",

@@ -19,7 +19,7 @@ from typing import Any
 import pyopencl as cl
 from pyopencl import _cl
 
-from svmkit._percontext import PerContext
+from svmkit.driver.per_context import PerContext
 from svmkit.errors import UnsupportedError
 
 __all__ = [

@@ -22,8 +22,12 @@ import numpy as np
 import pyopencl as cl
 from pyopencl import _cl
 
-from svmkit._mapstate import DriverMap, MapState, OpenMap
-from svmkit._validate import (
+from svmkit.arrays.array import SVMArray
+from svmkit.errors import InvalidValueError, translate
+from svmkit.events import check_wait_for, wait_pending
+from svmkit.events.mapstate import DriverMap, MapState, OpenMap
+from svmkit.resources.base import Allocation
+from svmkit.rules import (
     MAP_FLAGS,
     check_live,
     check_map_mode,
@@ -31,10 +35,6 @@ from svmkit._validate import (
     check_wait_status,
     span,
 )
-from svmkit.array import SVMArray
-from svmkit.errors import InvalidValueError, translate
-from svmkit.events import check_wait_for, wait_pending
-from svmkit.resources.base import Allocation
 
 __all__ = ["Mapping", "mapped"]
 

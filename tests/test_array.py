@@ -10,7 +10,7 @@ import pyopencl as cl
 import pytest
 
 import svmkit as sk
-from svmkit import _icd
+from svmkit.driver import entrypoints
 
 WRITE_INDEX = """
 __kernel void write_index(__global int *out, int base) {
@@ -221,7 +221,7 @@ def test_last_reference_frees_exactly_once(ctx):
 
 def test_free_waits_for_a_running_kernel_without_blocking(ctx, program, monkeypatch):
     freed_while = []
-    real_free = _icd.svm_free
+    real_free = entrypoints.svm_free
     done = threading.Event()
 
     queue = cl.CommandQueue(ctx)
@@ -235,7 +235,7 @@ def test_free_waits_for_a_running_kernel_without_blocking(ctx, program, monkeypa
         real_free(context, ptr)
         done.set()
 
-    monkeypatch.setattr(_icd, "svm_free", watching_free)
+    monkeypatch.setattr(entrypoints, "svm_free", watching_free)
     a.free()
     status_after_free = event.command_execution_status
     assert done.wait(60)

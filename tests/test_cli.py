@@ -49,7 +49,7 @@ def test_info_json_matches_capabilities(capsys):
 
 def test_info_names_a_device_whose_compiler_fails(capsys, monkeypatch):
     failing = "error: unknown target CPU 'generic'"
-    monkeypatch.setattr(sys.modules["svmkit.info"], "compiler_failure", lambda d: failing)
+    monkeypatch.setattr(sys.modules["svmkit.cli.info"], "compiler_failure", lambda d: failing)
     assert main(["info", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert all(d["compiler_error"] == failing for p in report["platforms"] for d in p["devices"])
@@ -63,7 +63,7 @@ def test_a_device_that_errors_is_reported_not_fatal(capsys, monkeypatch):
     def broken(device):
         raise cl.LogicError("clGetDeviceInfo failed: simulated")
 
-    monkeypatch.setattr(sys.modules["svmkit.info"], "capabilities", broken)
+    monkeypatch.setattr(sys.modules["svmkit.cli.info"], "capabilities", broken)
     assert main(["info", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     entry = report["platforms"][0]["devices"][0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from svmkit import demo
+from svmkit.cli import demo_workqueue as demo
 
 
 def test_reference_matches_known_stopping_times() -> None:

@@ -78,7 +78,7 @@ __kernel void touch(__global uchar *p, uint n) {
 @pytest.fixture
 def listed(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
     """Every CL_KERNEL_EXEC_INFO_SVM_PTRS list svmkit sets (the calls still go through)."""
-    import svmkit._icd as icd
+    import svmkit.driver.entrypoints as icd
 
     calls: list[tuple[int, ...]] = []
     real = icd.set_kernel_exec_info_svm_ptrs
@@ -98,7 +98,7 @@ def test_zero_byte_array_is_never_named_or_passed_as_null(ctx, queue, listed):
     # CL_INVALID_KERNEL_ARGS.  A zero-byte array passes the context's placeholder.
     import pyopencl as cl
 
-    from svmkit._placeholder import placeholder
+    from svmkit.ops.placeholder import placeholder
 
     kernel = cl.Kernel(sk.build_program(ctx, TOUCH), "touch")
     coarse = sk.Policy.coarse()
@@ -123,7 +123,7 @@ def test_a_list_naming_freed_memory_is_replaced_before_the_next_launch(ctx, queu
     import pyopencl as cl
 
     from svmkit import events
-    from svmkit._placeholder import placeholder
+    from svmkit.ops.placeholder import placeholder
 
     kernel = cl.Kernel(sk.build_program(ctx, TOUCH), "touch")
     coarse = sk.Policy.coarse()
@@ -152,12 +152,13 @@ def test_dropping_an_array_under_a_pending_host_copy_frees_it_after_the_copy(
 
     import pyopencl as cl
 
-    from svmkit import _icd, events
+    from svmkit import events
+    from svmkit.driver import entrypoints
 
     driver_frees: list[int] = []
-    real_free = _icd.svm_free
+    real_free = entrypoints.svm_free
     monkeypatch.setattr(
-        _icd, "svm_free", lambda c, ptr: (driver_frees.append(ptr), real_free(c, ptr))[1]
+        entrypoints, "svm_free", lambda c, ptr: (driver_frees.append(ptr), real_free(c, ptr))[1]
     )
     stats = sk.StatisticsAdaptor(sk.SVMResource(ctx, sk.Policy.best(ctx, system=False)))
     a = sk.full(ctx, 100, 7, np.uint8, resource=stats)

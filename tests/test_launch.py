@@ -7,9 +7,10 @@ import pyopencl as cl
 import pytest
 
 import svmkit as sk
-import svmkit._icd as icd
+import svmkit.driver.entrypoints as icd
 import svmkit.ops as ops
-from svmkit._placeholder import placeholder
+import svmkit.ops.kernel_launch as launch_module
+from svmkit.ops.placeholder import placeholder
 
 COMPLETE = cl.command_execution_status.COMPLETE
 
@@ -288,6 +289,6 @@ def test_exec_info_failures_are_typed_errors(queue, program, monkeypatch):
     assert err.value.cl_error == "CL_INVALID_VALUE"
     monkeypatch.setattr(icd, "set_kernel_exec_info_fine_grain_system", lambda k, on: -59)
     with pytest.raises(sk.SVMError, match="SVM_FINE_GRAIN_SYSTEM") as err2:
-        ops._allow_fine_grain_system(kernel)  # what launch calls for SYSTEM memory
+        launch_module._allow_fine_grain_system(kernel)  # what launch calls for SYSTEM memory
     assert err2.value.cl_error == "CL_INVALID_OPERATION"
     assert not getattr(kernel, "_svmkit_fine_grain_system", False)  # not marked as done

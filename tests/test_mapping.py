@@ -11,7 +11,7 @@ import pyopencl as cl
 import pytest
 
 import svmkit as sk
-import svmkit._icd as icd
+import svmkit.driver.entrypoints as icd
 import svmkit.mapping as mapping
 
 COMPLETE = cl.command_execution_status.COMPLETE

@@ -11,7 +11,7 @@ import pyopencl as cl
 import pytest
 
 import svmkit as sk
-import svmkit.ops as ops
+import svmkit.ops.transfer as ops
 from svmkit.resources.base import Allocation
 
 COMPLETE = cl.command_execution_status.COMPLETE

@@ -8,7 +8,7 @@ import pyopencl as cl
 import pytest
 
 import svmkit as sk
-from svmkit import _icd
+from svmkit.driver import entrypoints
 
 F = cl.svm_mem_flags
 
@@ -124,7 +124,7 @@ def no_driver(monkeypatch):
         calls.append(args)
         raise AssertionError("clSVMAlloc was called with invalid arguments")
 
-    monkeypatch.setattr(_icd, "svm_alloc", refuse)
+    monkeypatch.setattr(entrypoints, "svm_alloc", refuse)
     return calls
 
 
@@ -195,7 +195,7 @@ def test_zero_size_allocates_nothing(ctx, no_driver):
 
 
 def test_driver_null_becomes_out_of_memory(ctx, monkeypatch):
-    monkeypatch.setattr(_icd, "svm_alloc", lambda *args: 0)
+    monkeypatch.setattr(entrypoints, "svm_alloc", lambda *args: 0)
     with pytest.raises(sk.OutOfMemoryError) as info:
         sk.empty(ctx, 1000, dtype="u1", policy=sk.Policy.coarse())
     assert info.value.cl_error == "CL_MEM_OBJECT_ALLOCATION_FAILURE"

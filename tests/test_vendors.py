@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from svmkit import _vendors
+from svmkit.driver import icd_vendors
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
 
 
 def _register(env: dict[str, Path]) -> Path | None:
-    return _vendors.register_wheel_drivers(
+    return icd_vendors.register_wheel_drivers(
         prefix=env["prefix"], system_vendors=env["system"], scratch=env["scratch"]
     )
 
@@ -94,7 +94,7 @@ def test_import_makes_the_installed_wheel_drivers_visible():
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
     ).stdout.splitlines()
     vendors, platforms = out[0], out[1].split("|")
-    drivers = _vendors.wheel_driver_paths()
+    drivers = icd_vendors.wheel_driver_paths()
     assert bool(vendors) == bool(drivers)
     if any(p.name == "libintelocl.so" for p in drivers):
         assert "Intel(R) OpenCL" in platforms

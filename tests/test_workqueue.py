@@ -22,8 +22,7 @@ import pyopencl as cl
 import pytest
 
 import svmkit as sk
-from svmkit import _hostatomics
-from svmkit.workqueue import WorkQueueTimeout, opencl_type
+from svmkit.workqueue import WorkQueueTimeout, opencl_type, ring
 
 pytestmark = pytest.mark.needs("fine", "atomics")
 
@@ -106,7 +105,7 @@ def kernel(ctx: cl.Context, name: str, item: str = "long") -> cl.Kernel:
     return cl.Kernel(program(ctx, item), name)
 
 
-@pytest.fixture(params=_hostatomics.available_backends())
+@pytest.fixture(params=ring.available_backends())
 def backend(request: pytest.FixtureRequest) -> str:
     """Each host-atomics implementation available (native C helper, pure Python)."""
     return str(request.param)
@@ -371,26 +370,26 @@ def test_python_ring_variants(
     """The pure-Python ring's non-TSO path (one libatomic acquire/release per seq) and its
     compiler-free x86-64 compare-exchange, under the same host exactly-once test."""
     if variant == "x86-thunk":
-        provider = _hostatomics._x86_thunk()
+        provider = ring._x86_thunk()
         if provider is None:
             pytest.skip("the lock cmpxchg routine is x86-64 only")
         kwargs: dict[str, Any] = {"provider": provider}
     else:
         kwargs = {"tso": False}
-    made: list[_hostatomics.PyRing] = []
+    made: list[ring.PyRing] = []
 
-    def ring(*args: Any) -> _hostatomics.PyRing:
-        made.append(_hostatomics.PyRing(*args, **kwargs))
+    def make_ring(*args: Any) -> ring.PyRing:
+        made.append(ring.PyRing(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(_hostatomics, "ring_class", lambda backend=None: ring)
+    monkeypatch.setattr(ring, "ring_class", lambda backend=None: make_ring)
     wq = sk.WorkQueue(ctx, 8)
     assert made and wq._ring is made[0]
     assert _host_exactly_once(wq, 2, 2, 1500) == 3000
 
 
 def test_thunk_compare_exchange_semantics() -> None:
-    provider = _hostatomics._x86_thunk()
+    provider = ring._x86_thunk()
     if provider is None:
         pytest.skip("the lock cmpxchg routine is x86-64 only")
     word = np.zeros(1, np.uint64)
@@ -579,7 +578,7 @@ def test_typed_items_reach_the_device(ctx: cl.Context, dtype: Any, item: str) ->
 
 def test_raw_pyopencl_launch(ctx: cl.Context) -> None:
     """kernel_arg and svm_pointers serve a plain PyOpenCL launch."""
-    from svmkit import _icd
+    from svmkit.driver import entrypoints
 
     wq = sk.WorkQueue(ctx, 8)
     queue = cl.CommandQueue(ctx)
@@ -587,7 +586,7 @@ def test_raw_pyopencl_launch(ctx: cl.Context) -> None:
     count = fine_zeros(ctx, 1, np.int32)
     knl = kernel(ctx, "consume")
     knl.set_args(wq.kernel_arg, out, count)
-    assert _icd.set_kernel_exec_info_svm_ptrs(knl, wq.svm_pointers) == 0
+    assert entrypoints.set_kernel_exec_info_svm_ptrs(knl, wq.svm_pointers) == 0
     event = cl.enqueue_nd_range_kernel(queue, knl, (1,), (1,))
     wq.record(event)
     queue.flush()
@@ -715,7 +714,7 @@ def test_stress_device_to_host(ctx: cl.Context) -> None:
     seen = _device_to_host(
         ctx,
         [queue],
-        "native" if "native" in _hostatomics.available_backends() else "python",
+        "native" if "native" in ring.available_backends() else "python",
         2,
         per_item,
     )

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from svmkit._mapstate import MapState
 from svmkit.events import EventRecord
+from svmkit.events.mapstate import MapState
 
 if TYPE_CHECKING:
     import pyopencl as cl

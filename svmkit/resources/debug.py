@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from svmkit._queues import default_queue
+from svmkit.driver.queues import default_queue
 from svmkit.errors import UseAfterFreeError
 from svmkit.events import release_after
 from svmkit.resources._adaptor import ResourceAdaptor

@@ -1,6 +1,6 @@
-"""fill, copy, migrate, launch: validate every spec rule, then one PyOpenCL call.
+"""fill, copy, migrate: validate every spec rule, then one driver call.
 
-Each operation checks its arguments with the rules in :mod:`svmkit._validate` before the
+Each operation checks its arguments with the rules in :mod:`svmkit.rules` before the
 driver sees them, records the command's event on every array it touches (so ``free()``
 and pools wait for it) and returns the ``pyopencl.Event``.  Ordering follows OpenCL: an
 operation runs after earlier commands of its (in-order) queue and its ``wait_for``
@@ -13,20 +13,27 @@ call after dispatching on argument types svmkit has already checked.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import pyopencl as cl
 from pyopencl import _cl
 
-from svmkit import _icd
-from svmkit._placeholder import placeholder
-from svmkit._validate import (
+from svmkit.arrays.array import SVMArray
+from svmkit.capabilities import capabilities
+from svmkit.errors import (
+    InvalidValueError,
+    UnsupportedError,
+    translate,
+)
+from svmkit.events.record import WaitFor, wait_list
+from svmkit.events.release import release_after
+from svmkit.policy import Granularity
+from svmkit.rules import (
     check_command,
     check_contiguous,
     check_fill_target,
-    check_kernel_context,
     check_live,
     check_migrate_to,
     check_no_overlap,
@@ -39,34 +46,14 @@ from svmkit._validate import (
     context_of,
     span,
 )
-from svmkit.array import SVMArray
-from svmkit.capabilities import capabilities
-from svmkit.errors import (
-    InvalidValueError,
-    UnsupportedError,
-    cl_error_name,
-    error_for_name,
-    translate,
-)
-from svmkit.events import check_wait_for, release_after
-from svmkit.policy import Access, Granularity
-from svmkit.resources.base import Allocation
 
-__all__ = ["copy", "fill", "launch", "migrate"]
-
-WaitFor = Sequence[cl.Event] | None
+__all__ = ["copy", "fill", "migrate"]
 
 
 def _marker(queue: cl.CommandQueue, wait: list[cl.Event]) -> cl.Event:
     """The event of an operation with nothing to do (zero bytes): a marker, so ordering
     still holds; no SVM command is given a NULL pointer or size 0."""
     return cl.enqueue_marker(queue, wait_for=wait or None)
-
-
-def _wait_list(context: cl.Context, wait_for: WaitFor) -> list[cl.Event] | None:
-    """``wait_for`` checked (spec: ``CL_INVALID_CONTEXT`` for events of another context,
-    ``CL_INVALID_EVENT_WAIT_LIST`` for non-events); ``None`` when empty."""
-    return check_wait_for(context, wait_for) or None if wait_for is not None else None
 
 
 # -- fill -------------------------------------------------------------------------------
@@ -90,7 +77,7 @@ def fill(
         vector type; ``dst.ptr`` not aligned to it; ``dst.nbytes`` not a multiple of it;
         ``dst`` not contiguous (spec, clEnqueueSVMMemFill: ``CL_INVALID_VALUE``).
     InvalidContextError, MapStateError, UseAfterFreeError
-        See :mod:`svmkit._validate`.
+        See :mod:`svmkit.rules`.
 
     Notes
     -----
@@ -103,7 +90,7 @@ def fill(
     alloc = check_live(dst)
     context = alloc.context
     queue = check_queue(queue, context)
-    wait = _wait_list(context, wait_for)
+    wait = wait_list(context, wait_for)
     pattern = check_pattern(value, dst._view.dtype)
     if pattern.nbytes > 64:  # every device supports 64-byte vectors (int16)
         check_pattern_max(pattern.nbytes, capabilities(context).max_alignment)
@@ -166,11 +153,11 @@ def copy(
         An array, the queue or a ``wait_for`` event of another context
         (spec: ``CL_INVALID_CONTEXT``).
     MapStateError, UseAfterFreeError
-        See :mod:`svmkit._validate`.
+        See :mod:`svmkit.rules`.
     """
     context = _context_of(dst, src, queue)
     queue = check_queue(queue, context)
-    wait = _wait_list(context, wait_for)
+    wait = wait_list(context, wait_for)
     dst_ptr_obj, dst_ptr, nbytes = _copy_side(dst, "dst", context, True)
     src_ptr_obj, src_ptr, src_nbytes = _copy_side(src, "src", context, False)
     check_same_nbytes(nbytes, src_nbytes)
@@ -255,7 +242,7 @@ def migrate(
     UnsupportedError
         The queue's device predates OpenCL 2.1 (no ``clEnqueueSVMMigrateMem``).
     InvalidContextError, MapStateError, UseAfterFreeError
-        See :mod:`svmkit._validate`.
+        See :mod:`svmkit.rules`.
     """
     items = [arrays] if isinstance(arrays, SVMArray) else list(arrays)
     if not items:
@@ -269,7 +256,7 @@ def migrate(
         raise InvalidValueError(f"migrate() takes SVMArrays, got {type(first).__name__}")
     context = first._alloc.context
     queue = check_queue(queue, context)
-    wait = _wait_list(context, wait_for)
+    wait = wait_list(context, wait_for)
     if not _can_migrate(queue):
         raise UnsupportedError(
             f"{queue.device.name} does not support clEnqueueSVMMigrateMem (needs OpenCL 2.1)",
@@ -319,172 +306,3 @@ def _can_migrate(queue: cl.CommandQueue) -> bool:
         except AttributeError:
             pass
         return value
-
-
-# -- launch -----------------------------------------------------------------------------
-
-
-def launch(
-    queue: cl.CommandQueue | None,
-    kernel: cl.Kernel,
-    global_size: Any,
-    local_size: Any,
-    *args: Any,
-    uses: Iterable[Any] = (),
-    wait_for: WaitFor = None,
-) -> cl.Event:
-    """Enqueue ``kernel`` with SVMArray arguments; returns the event.
-
-    Parameters
-    ----------
-    args:
-        Kernel arguments.  SVMArrays pass as SVM pointers (element 0); a zero-element
-        array, which allocates nothing, passes the context's placeholder allocation
-        (see :mod:`svmkit._placeholder`: NVIDIA's OpenCL refuses NULL there).  An object with
-        ``kernel_arg`` and ``svm_pointers`` attributes (a :class:`~svmkit.WorkQueue`)
-        passes as ``kernel_arg`` and has its ``svm_pointers`` registered.  Anything else
-        passes to PyOpenCL unchanged.
-    uses:
-        SVMArrays (or work queues) the kernel reaches only through pointers stored in SVM;
-        registered with ``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS)``.  That list
-        takes only ``clSVMAlloc`` memory; for SYSTEM arrays (arguments or ``uses``) the
-        kernel gets ``CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM`` instead, the spec's way
-        to say it may follow pointers into system allocations.
-
-    Raises
-    ------
-    InvalidContextError
-        Kernel, queue, array or event of another context.
-    MapStateError
-        An array argument or ``uses`` entry overlaps a mapped coarse-grain region; each
-        counts as written unless its policy's access is ``READ_ONLY``.
-    UseAfterFreeError
-        An array was freed.
-
-    Notes
-    -----
-    The event is recorded on every array involved, so ``free()`` and pools wait for the
-    kernel.  The SVM pointers registered stay registered on the kernel object until the
-    next ``launch`` of it replaces them.
-    """
-    if queue is None:
-        queue = check_queue(None, context_of(kernel))
-    elif not isinstance(queue, cl.CommandQueue):
-        queue = check_queue(queue, context_of(kernel))  # raises
-    context = context_of(queue)
-    check_kernel_context(kernel, context)
-    wait = _wait_list(context, wait_for)
-    allocs: list[Allocation] = []
-    others: list[Any] = []
-    pointers: list[int] = []
-    system = False  # any SYSTEM array involved
-    call_args: list[Any] | None = None  # a copy of args, made when one is replaced
-    for i, arg in enumerate(args):
-        if isinstance(arg, SVMArray):
-            alloc = _check_kernel_array(arg, context, "a kernel argument")
-            allocs.append(alloc)
-            if alloc.ptr == 0:  # a zero-byte array allocates nothing
-                call_args = call_args or list(args)
-                call_args[i] = placeholder(context)
-            elif alloc.policy.granularity is Granularity.SYSTEM:
-                system = True
-        elif isinstance(arg, _PLAIN_ARGUMENTS):
-            continue  # the common scalars: no attribute probing (slow on NumPy scalars)
-        elif hasattr(arg, "kernel_arg") and hasattr(arg, "svm_pointers"):
-            call_args = call_args or list(args)
-            call_args[i] = arg.kernel_arg
-            pointers.extend(arg.svm_pointers)
-            others.append(arg)
-    for used in uses:
-        if isinstance(used, SVMArray):
-            alloc = _check_kernel_array(used, context, "a `uses` entry")
-            allocs.append(alloc)
-            if _listable(alloc):
-                pointers.append(alloc.ptr + used._offset)
-            elif alloc.policy.granularity is Granularity.SYSTEM:
-                system = True
-        elif hasattr(used, "svm_pointers"):
-            pointers.extend(used.svm_pointers)
-            others.append(used)
-        else:
-            raise InvalidValueError(
-                f"uses= takes SVMArrays (or work queues), got {type(used).__name__}"
-            )
-    _register_svm_pointers(kernel, pointers, context)
-    if system and not getattr(kernel, "_svmkit_fine_grain_system", False):
-        _allow_fine_grain_system(kernel)
-    try:
-        event = kernel(
-            queue,
-            global_size,
-            local_size,
-            *(args if call_args is None else call_args),
-            wait_for=wait,
-        )
-    except cl.Error as exc:
-        raise translate(exc, what=f"enqueueing kernel {kernel.function_name}") from exc
-    for alloc in allocs:
-        alloc.events.record(event, queue)
-    for other in others:  # a work queue that records its own events
-        record = getattr(other, "record", None)
-        if callable(record):
-            record(event)
-    return event
-
-
-_PLAIN_ARGUMENTS = (np.generic, int, float, bytes, type(None))
-
-
-def _check_kernel_array(a: SVMArray, context: cl.Context, name: str) -> Allocation:
-    alloc = check_live(a)
-    check_same_context(alloc, context, name)
-    check_command(a, alloc, alloc.policy.access is not Access.READ_ONLY, "launch()")
-    return alloc
-
-
-def _listable(alloc: Allocation) -> bool:
-    """Whether ``CL_KERNEL_EXEC_INFO_SVM_PTRS`` may name this allocation.
-
-    The list takes pointers into ``clSVMAlloc`` memory: not SYSTEM memory (announced with
-    ``CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM``) and not the NULL pointer of a
-    zero-byte array, which allocates nothing (Intel's CPU runtime answers
-    ``CL_INVALID_VALUE`` for either).
-    """
-    return alloc.ptr != 0 and alloc.policy.granularity is not Granularity.SYSTEM
-
-
-def _register_svm_pointers(kernel: cl.Kernel, pointers: list[int], context: cl.Context) -> None:
-    """``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS)`` for ``pointers``.
-
-    The setting persists on the kernel object.  A launch without pointers after one with
-    them replaces the stale list by the context's placeholder allocation (the spec offers
-    no way to clear it, and NVIDIA's driver crashes enqueueing a kernel whose list names
-    freed memory), so memory freed since is never named to the driver again.
-    """
-    if pointers:
-        listed = tuple(pointers)
-    elif getattr(kernel, "_svmkit_svm_ptrs", False):
-        listed = (placeholder(context).ptr,)  # nothing stale is named any more
-    else:
-        return
-    _check_exec_info(_icd.set_kernel_exec_info_svm_ptrs(kernel, listed), "SVM_PTRS")
-    setattr(kernel, "_svmkit_svm_ptrs", bool(pointers))  # noqa: B010 (a pyopencl object)
-
-
-def _allow_fine_grain_system(kernel: cl.Kernel) -> None:
-    """``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM, CL_TRUE)``, once.
-
-    The setting persists on the kernel object and is harmless for later launches that
-    use no system memory, so it is never cleared.
-    """
-    code = _icd.set_kernel_exec_info_fine_grain_system(kernel, True)
-    _check_exec_info(code, "SVM_FINE_GRAIN_SYSTEM")
-    setattr(kernel, "_svmkit_fine_grain_system", True)  # noqa: B010 (a pyopencl object)
-
-
-def _check_exec_info(code: int, name: str) -> None:
-    """Raise the typed error for a failed ``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_<name>)``."""
-    if code:
-        raise error_for_name(
-            cl_error_name(code), f"clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_{name}) failed"
-        )

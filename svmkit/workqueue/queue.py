@@ -24,7 +24,7 @@ fetch-or of bit 63 into tail: a claim in flight either precedes it (its item is 
 or fails, so no item is lost or popped twice; the queue is drained once closed and
 ``head`` reached tail's position.
 
-Host atomics and orders: see :mod:`svmkit._hostatomics` (a C helper when it was built,
+Host atomics and orders: see :mod:`svmkit.workqueue.ring` (a C helper when it was built,
 else ctypes compare-exchanges plus NumPy loads and stores that are acquire/release on
 x86-64's total store order, and libatomic acquire/release calls on other hosts).
 
@@ -46,14 +46,14 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from svmkit import _hostatomics
-from svmkit._hostatomics import HEADER_BYTES, MAGIC, PARAMS_OFFSET, SLOT_BYTES
-from svmkit.array import SVMArray
+from svmkit.arrays.array import SVMArray
+from svmkit.arrays.creation import empty
 from svmkit.capabilities import device_label
-from svmkit.creation import empty
 from svmkit.errors import InvalidValueError, QueueClosed
 from svmkit.events import at_shutdown
 from svmkit.policy import Granularity, Policy
+from svmkit.workqueue import ring as host_ring
+from svmkit.workqueue.ring import HEADER_BYTES, MAGIC, PARAMS_OFFSET, SLOT_BYTES
 
 __all__ = ["WorkQueue", "WorkQueueTimeout", "opencl_type", "persistent_grid"]
 
@@ -198,7 +198,7 @@ def _close_all() -> None:
 at_shutdown(_close_all)
 
 
-def _backoff(ring: _hostatomics.RingOps, for_pop: bool, round_: int) -> None:
+def _backoff(ring: host_ring.RingOps, for_pop: bool, round_: int) -> None:
     if round_ < _SPIN_ROUNDS:
         ring.wait(for_pop, _SPIN_NS)
     else:
@@ -245,7 +245,7 @@ class WorkQueue:
         dt = _check_dtype(dtype)
         pol = _check_policy(policy)
         pol.check(ctx)  # UnsupportedError naming each device that lacks FINE/atomics
-        ring_type = _hostatomics.ring_class(backend)
+        ring_type = host_ring.ring_class(backend)
         self._context = ctx
         self._capacity = cap
         self._dtype = dt
@@ -261,8 +261,8 @@ class WorkQueue:
         kind = dt.kind if direct else "r"
         self._raw_dtype: np.dtype[Any] = dt if direct else np.dtype(f"u{dt.itemsize}")
         self._encode: Callable[[Any], Any] | None = None if direct else self._to_bits
-        self._ring: _hostatomics.RingOps = ring_type(self._array.ptr, cap, dt.itemsize, kind)
-        self.backend = "python" if ring_type is _hostatomics.PyRing else "native"
+        self._ring: host_ring.RingOps = ring_type(self._array.ptr, cap, dt.itemsize, kind)
+        self.backend = "python" if ring_type is host_ring.PyRing else "native"
         self._scalar: Callable[[Any], Any] = dt.type if direct else self._from_bits
         with _live_lock:
             _live.add(self)

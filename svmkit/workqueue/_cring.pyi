@@ -1,4 +1,4 @@
-"""Type stub of the optional C helper (svmkit/_wqnative.c)."""
+"""Type stub of the optional C helper (svmkit/workqueue/_cring.c)."""
 
 from typing import Any
 

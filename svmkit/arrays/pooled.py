@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from svmkit.array import SVMArray, _shape_tuple, nbytes_of
-from svmkit.creation import _new, asarray, fill_with
+from svmkit.arrays.array import SVMArray, _shape_tuple, nbytes_of
+from svmkit.arrays.creation import _new, asarray, fill_with
 from svmkit.policy import Policy
 from svmkit.resources.pool import PoolResource
 from svmkit.resources.svm import SVMResource

@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 import pyopencl as cl
 
-from svmkit._percontext import PerContext
-from svmkit.array import SVMArray
-from svmkit.creation import empty
+from svmkit.arrays.array import SVMArray
+from svmkit.arrays.creation import empty
+from svmkit.driver.per_context import PerContext
 from svmkit.policy import Policy
 from svmkit.resources.svm import SVMResource
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyopencl as cl
 
-from svmkit._queues import default_queue
+from svmkit.driver.queues import default_queue
 from svmkit.errors import (
     CopyOverlapError,
     InvalidContextError,
@@ -24,7 +24,7 @@ from svmkit.errors import (
 )
 
 if TYPE_CHECKING:
-    from svmkit.array import SVMArray
+    from svmkit.arrays.array import SVMArray
     from svmkit.resources.base import Allocation
 
 __all__ = [

@@ -1,4 +1,4 @@
-/* svmkit._wqnative: the host side of sk.WorkQueue's ring, with real C11-style atomics.
+/* svmkit.workqueue._cring: the host side of sk.WorkQueue's ring, with real C11-style atomics.
  *
  * Optional: setup.py builds it when a C compiler is present; svmkit/_hostatomics.py has a
  * pure-Python ring with the same methods and semantics.  Layout and protocol are those of
@@ -490,7 +490,7 @@ static PyMethodDef Ring_methods[] = {
 
 static PyTypeObject RingType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "svmkit._wqnative.Ring",
+    .tp_name = "svmkit.workqueue._cring.Ring",
     .tp_basicsize = sizeof(Ring),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Host operations on a svmkit work-queue ring at a fixed address.",
@@ -500,11 +500,11 @@ static PyTypeObject RingType = {
 };
 
 static struct PyModuleDef moduledef = {
-    PyModuleDef_HEAD_INIT, "_wqnative",
+    PyModuleDef_HEAD_INIT, "_cring",
     "Native host operations on svmkit work-queue rings (optional).", -1, NULL,
 };
 
-PyMODINIT_FUNC PyInit__wqnative(void)
+PyMODINIT_FUNC PyInit__cring(void)
 {
     if (PyType_Ready(&RingType) < 0)
         return NULL;

@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from svmkit._queues import default_queue
-from svmkit._validate import check_command, check_queue
+from svmkit.driver.queues import default_queue
 from svmkit.errors import InvalidContextError, InvalidValueError, MapStateError, UseAfterFreeError
 from svmkit.events import check_wait_for, release_after, wait_pending
 from svmkit.policy import Policy
 from svmkit.resources.base import Allocation
+from svmkit.rules import check_command, check_queue
 
 __all__ = ["SVMArray", "byte_extent", "is_contiguous"]
 

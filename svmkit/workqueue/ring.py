@@ -2,7 +2,7 @@
 
 Two implementations of one interface, ``Ring(address, capacity, itemsize, kind)``:
 
-* ``svmkit._wqnative.Ring`` (C, built by ``setup.py`` when a compiler is present): every
+* ``svmkit.workqueue._cring.Ring`` (C, built by ``setup.py`` when a compiler is present): every
   operation is one C call with GCC ``__atomic`` builtins; blocking waits spin without the
   GIL.  This is the fast path (about 0.1 µs per single-item push).
 * :class:`PyRing` (this module, no compiler needed): the same protocol with one atomic
@@ -180,12 +180,12 @@ def cas_provider(prefer: str | None = None) -> CasProvider:
 
     raise UnsupportedError(
         f"no host atomics for the work queue on {platform.machine()}: build svmkit with a C "
-        "compiler (svmkit._wqnative) or install libatomic"
+        "compiler (svmkit.workqueue._cring) or install libatomic"
     )
 
 
 class PyRing:
-    """The ring's host operations in Python (same interface as ``_wqnative.Ring``).
+    """The ring's host operations in Python (same interface as ``_cring.Ring``).
 
     ``kind`` is ``"i"``/``"u"``/``"f"`` for integer, unsigned and float items or ``"r"``
     for raw bits that the caller converts (stored as unsigned integers of ``itemsize``).
@@ -398,10 +398,10 @@ class PyRing:
 
 def _native() -> type | None:
     try:
-        from svmkit import _wqnative
+        from svmkit.workqueue import _cring
     except ImportError:
         return None
-    return _wqnative.Ring
+    return _cring.Ring
 
 
 def available_backends() -> tuple[str, ...]:
@@ -419,7 +419,7 @@ def ring_class(backend: str | None = None) -> Callable[..., RingOps]:
     if native is None:
         from svmkit.errors import UnsupportedError
 
-        raise UnsupportedError("svmkit._wqnative was not built (no C compiler at install)")
+        raise UnsupportedError("svmkit.workqueue._cring was not built (no C compiler at install)")
     if choice not in (None, "native"):
         from svmkit.errors import InvalidValueError
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyopencl as cl
 
-from svmkit._percontext import PerContext
+from svmkit.driver.per_context import PerContext
 
 __all__ = ["default_queue"]
 

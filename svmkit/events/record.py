@@ -1,21 +1,15 @@
-"""Event ordering: per-allocation pending events, wait-list checks, deferred release.
+"""Event ordering: per-allocation pending events and wait-list checks.
 
 svmkit orders freeing after use the way RMM orders it after streams, with OpenCL events:
 every command svmkit enqueues on an allocation records its event there
-(:class:`EventRecord`); a free hands those events to :func:`release_after`, which runs the
-release on a background thread once they completed, never blocking the caller and never
-calling OpenCL from a driver callback thread.
+(:class:`EventRecord`); a free hands those events to
+:func:`svmkit.events.release.release_after`.
 """
 
 from __future__ import annotations
 
-import atexit
-import collections
-import logging
 import threading
-import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 import pyopencl as cl
 
@@ -23,14 +17,15 @@ from svmkit.errors import InvalidContextError, InvalidValueError
 
 __all__ = [
     "EventRecord",
+    "WaitFor",
     "check_wait_for",
+    "in_order",
     "is_complete",
-    "release_after",
-    "shutting_down",
+    "wait_list",
     "wait_pending",
 ]
 
-log = logging.getLogger(__name__)
+WaitFor = Sequence[cl.Event] | None
 
 _COMPLETE = cl.command_execution_status.COMPLETE
 _PRUNE_AT = 8
@@ -135,101 +130,13 @@ def check_wait_for(context: cl.Context, wait_for: Iterable[cl.Event] | None) -> 
     return events
 
 
+def wait_list(context: cl.Context, wait_for: WaitFor) -> list[cl.Event] | None:
+    """``wait_for`` checked by :func:`check_wait_for`, as PyOpenCL takes it (``None`` when
+    empty)."""
+    return check_wait_for(context, wait_for) or None if wait_for is not None else None
+
+
 def wait_pending(events: Sequence[cl.Event]) -> None:
     """Block until every event in ``events`` completed (no-op for an empty list)."""
     if events:
         cl.wait_for_events(list(events))
-
-
-# --- deferred release -------------------------------------------------------------------
-
-_releases: collections.deque[tuple[list[cl.Event], Callable[[], Any]]] = collections.deque()
-_releases_cond = threading.Condition()
-_reaper: threading.Thread | None = None
-_shutting_down = False
-EXIT_WAIT_SECONDS = 5.0
-
-
-def shutting_down() -> bool:
-    """True once the interpreter is exiting: memory is then no longer released."""
-    return _shutting_down
-
-
-def release_after(
-    events: Sequence[cl.Event], release: Callable[[], Any], *, background: bool = False
-) -> None:
-    """Run ``release()`` once every event in ``events`` completed.
-
-    With no pending event it runs now, on the caller's thread (unless ``background``);
-    otherwise a background thread waits for the events and runs it, in the order the
-    releases were asked for, so the caller never blocks.
-    """
-    if _shutting_down:
-        return
-    pending = [e for e in events if not is_complete(e)]
-    if not pending and not background:
-        release()
-        return
-    global _reaper
-    with _releases_cond:
-        _releases.append((pending, release))
-        if _reaper is None or not _reaper.is_alive():
-            _reaper = threading.Thread(target=_reap, name="svmkit-release", daemon=True)
-            _reaper.start()
-        _releases_cond.notify()
-
-
-def _reap() -> None:
-    while True:
-        with _releases_cond:
-            while not _releases:
-                _releases_cond.wait()
-            events, release = _releases[0]
-        try:
-            if events:
-                cl.wait_for_events(events)
-        except cl.Error:
-            log.warning("an event svmkit waited on before releasing memory failed", exc_info=True)
-        with _releases_cond:
-            _releases.popleft()
-            if _shutting_down:
-                _releases_cond.notify_all()
-                continue
-        try:
-            release()
-        except Exception:  # a release must never kill the reaper
-            log.exception("releasing SVM memory failed")
-        with _releases_cond:
-            _releases_cond.notify_all()
-
-
-def drain(timeout: float | None = None) -> bool:
-    """Wait until every deferred release ran; False if ``timeout`` passed first."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    with _releases_cond:
-        while _releases:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return False
-            _releases_cond.wait(remaining)
-    return True
-
-
-_exit_hooks: list[Callable[[], None]] = []
-
-
-def at_shutdown(hook: Callable[[], None]) -> None:
-    """Register ``hook`` to run at interpreter exit, before svmkit stops releasing memory."""
-    _exit_hooks.append(hook)
-
-
-@atexit.register
-def _shutdown() -> None:
-    global _shutting_down
-    for hook in reversed(_exit_hooks):
-        try:
-            hook()
-        except Exception:
-            log.exception("svmkit exit hook failed")
-    drain(EXIT_WAIT_SECONDS)
-    _shutting_down = True

@@ -12,7 +12,7 @@ __all__ = ["main"]
 
 
 def _info(args: argparse.Namespace) -> int:
-    from svmkit.info import collect, render_table
+    from svmkit.cli.info import collect, render_table
 
     report = collect()
     if args.json:
@@ -25,7 +25,7 @@ def _info(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     if args.demo == "workqueue":
-        from svmkit.demo import main as demo_main
+        from svmkit.cli.demo_workqueue import main as demo_main
 
         return int(demo_main(args.demo_args))
     return 2

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from svmkit import _icd
-from svmkit._percontext import PerContext
-from svmkit._queues import default_queue
-from svmkit.array import SVMArray, _shape_tuple, nbytes_of
+from svmkit.arrays.array import SVMArray, _shape_tuple, nbytes_of
+from svmkit.driver import entrypoints
+from svmkit.driver.per_context import PerContext
+from svmkit.driver.queues import default_queue
 from svmkit.errors import InvalidContextError, InvalidValueError
 from svmkit.policy import Policy
 from svmkit.resources.base import MemoryResource
@@ -121,7 +121,7 @@ def fill_with(a: SVMArray, value: Any) -> None:
     pattern = item.tobytes()
     if len(pattern) in _FILL_PATTERN_SIZES:
         queue = default_queue(a.context)
-        _icd.enqueue_svm_memfill(queue, a.ptr, pattern, a.nbytes).wait()
+        entrypoints.enqueue_svm_memfill(queue, a.ptr, pattern, a.nbytes).wait()
     else:
         a.set(np.full(a.shape, item, a.dtype))
 

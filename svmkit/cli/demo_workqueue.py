@@ -25,8 +25,8 @@ from typing import Any, TextIO
 import numpy as np
 import pyopencl as cl
 
+from svmkit.arrays.creation import empty
 from svmkit.capabilities import capabilities, create_context, device_label
-from svmkit.creation import empty
 from svmkit.errors import QueueClosed
 from svmkit.ops import launch
 from svmkit.policy import Policy

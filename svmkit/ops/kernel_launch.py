@@ -1,0 +1,199 @@
+"""launch: a PyOpenCL kernel with SVMArray arguments, every rule checked first.
+
+SVMArrays pass as SVM pointers; memory reached only through pointers stored in SVM is
+registered with ``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS)`` (system memory with
+``CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM``); map state is checked and the event is
+recorded on every array involved, so ``free()`` and pools wait for the kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from svmkit.arrays.array import SVMArray
+from svmkit.driver import entrypoints
+from svmkit.errors import InvalidValueError, cl_error_name, error_for_name, translate
+from svmkit.events.record import WaitFor, wait_list
+from svmkit.ops.placeholder import placeholder
+from svmkit.policy import Access, Granularity
+from svmkit.resources.base import Allocation
+from svmkit.rules import (
+    check_command,
+    check_kernel_context,
+    check_live,
+    check_queue,
+    check_same_context,
+    context_of,
+)
+
+__all__ = ["launch"]
+
+
+def launch(
+    queue: cl.CommandQueue | None,
+    kernel: cl.Kernel,
+    global_size: Any,
+    local_size: Any,
+    *args: Any,
+    uses: Iterable[Any] = (),
+    wait_for: WaitFor = None,
+) -> cl.Event:
+    """Enqueue ``kernel`` with SVMArray arguments; returns the event.
+
+    Parameters
+    ----------
+    args:
+        Kernel arguments.  SVMArrays pass as SVM pointers (element 0); a zero-element
+        array, which allocates nothing, passes the context's placeholder allocation
+        (see :mod:`svmkit.ops.placeholder`: NVIDIA's OpenCL refuses NULL there).  An object with
+        ``kernel_arg`` and ``svm_pointers`` attributes (a :class:`~svmkit.WorkQueue`)
+        passes as ``kernel_arg`` and has its ``svm_pointers`` registered.  Anything else
+        passes to PyOpenCL unchanged.
+    uses:
+        SVMArrays (or work queues) the kernel reaches only through pointers stored in SVM;
+        registered with ``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS)``.  That list
+        takes only ``clSVMAlloc`` memory; for SYSTEM arrays (arguments or ``uses``) the
+        kernel gets ``CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM`` instead, the spec's way
+        to say it may follow pointers into system allocations.
+
+    Raises
+    ------
+    InvalidContextError
+        Kernel, queue, array or event of another context.
+    MapStateError
+        An array argument or ``uses`` entry overlaps a mapped coarse-grain region; each
+        counts as written unless its policy's access is ``READ_ONLY``.
+    UseAfterFreeError
+        An array was freed.
+
+    Notes
+    -----
+    The event is recorded on every array involved, so ``free()`` and pools wait for the
+    kernel.  The SVM pointers registered stay registered on the kernel object until the
+    next ``launch`` of it replaces them.
+    """
+    if queue is None:
+        queue = check_queue(None, context_of(kernel))
+    elif not isinstance(queue, cl.CommandQueue):
+        queue = check_queue(queue, context_of(kernel))  # raises
+    context = context_of(queue)
+    check_kernel_context(kernel, context)
+    wait = wait_list(context, wait_for)
+    allocs: list[Allocation] = []
+    others: list[Any] = []
+    pointers: list[int] = []
+    system = False  # any SYSTEM array involved
+    call_args: list[Any] | None = None  # a copy of args, made when one is replaced
+    for i, arg in enumerate(args):
+        if isinstance(arg, SVMArray):
+            alloc = _check_kernel_array(arg, context, "a kernel argument")
+            allocs.append(alloc)
+            if alloc.ptr == 0:  # a zero-byte array allocates nothing
+                call_args = call_args or list(args)
+                call_args[i] = placeholder(context)
+            elif alloc.policy.granularity is Granularity.SYSTEM:
+                system = True
+        elif isinstance(arg, _PLAIN_ARGUMENTS):
+            continue  # the common scalars: no attribute probing (slow on NumPy scalars)
+        elif hasattr(arg, "kernel_arg") and hasattr(arg, "svm_pointers"):
+            call_args = call_args or list(args)
+            call_args[i] = arg.kernel_arg
+            pointers.extend(arg.svm_pointers)
+            others.append(arg)
+    for used in uses:
+        if isinstance(used, SVMArray):
+            alloc = _check_kernel_array(used, context, "a `uses` entry")
+            allocs.append(alloc)
+            if _listable(alloc):
+                pointers.append(alloc.ptr + used._offset)
+            elif alloc.policy.granularity is Granularity.SYSTEM:
+                system = True
+        elif hasattr(used, "svm_pointers"):
+            pointers.extend(used.svm_pointers)
+            others.append(used)
+        else:
+            raise InvalidValueError(
+                f"uses= takes SVMArrays (or work queues), got {type(used).__name__}"
+            )
+    _register_svm_pointers(kernel, pointers, context)
+    if system and not getattr(kernel, "_svmkit_fine_grain_system", False):
+        _allow_fine_grain_system(kernel)
+    try:
+        event = kernel(
+            queue,
+            global_size,
+            local_size,
+            *(args if call_args is None else call_args),
+            wait_for=wait,
+        )
+    except cl.Error as exc:
+        raise translate(exc, what=f"enqueueing kernel {kernel.function_name}") from exc
+    for alloc in allocs:
+        alloc.events.record(event, queue)
+    for other in others:  # a work queue that records its own events
+        record = getattr(other, "record", None)
+        if callable(record):
+            record(event)
+    return event
+
+
+_PLAIN_ARGUMENTS = (np.generic, int, float, bytes, type(None))
+
+
+def _check_kernel_array(a: SVMArray, context: cl.Context, name: str) -> Allocation:
+    alloc = check_live(a)
+    check_same_context(alloc, context, name)
+    check_command(a, alloc, alloc.policy.access is not Access.READ_ONLY, "launch()")
+    return alloc
+
+
+def _listable(alloc: Allocation) -> bool:
+    """Whether ``CL_KERNEL_EXEC_INFO_SVM_PTRS`` may name this allocation.
+
+    The list takes pointers into ``clSVMAlloc`` memory: not SYSTEM memory (announced with
+    ``CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM``) and not the NULL pointer of a
+    zero-byte array, which allocates nothing (Intel's CPU runtime answers
+    ``CL_INVALID_VALUE`` for either).
+    """
+    return alloc.ptr != 0 and alloc.policy.granularity is not Granularity.SYSTEM
+
+
+def _register_svm_pointers(kernel: cl.Kernel, pointers: list[int], context: cl.Context) -> None:
+    """``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS)`` for ``pointers``.
+
+    The setting persists on the kernel object.  A launch without pointers after one with
+    them replaces the stale list by the context's placeholder allocation (the spec offers
+    no way to clear it, and NVIDIA's driver crashes enqueueing a kernel whose list names
+    freed memory), so memory freed since is never named to the driver again.
+    """
+    if pointers:
+        listed = tuple(pointers)
+    elif getattr(kernel, "_svmkit_svm_ptrs", False):
+        listed = (placeholder(context).ptr,)  # nothing stale is named any more
+    else:
+        return
+    _check_exec_info(entrypoints.set_kernel_exec_info_svm_ptrs(kernel, listed), "SVM_PTRS")
+    setattr(kernel, "_svmkit_svm_ptrs", bool(pointers))  # noqa: B010 (a pyopencl object)
+
+
+def _allow_fine_grain_system(kernel: cl.Kernel) -> None:
+    """``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM, CL_TRUE)``, once.
+
+    The setting persists on the kernel object and is harmless for later launches that
+    use no system memory, so it is never cleared.
+    """
+    code = entrypoints.set_kernel_exec_info_fine_grain_system(kernel, True)
+    _check_exec_info(code, "SVM_FINE_GRAIN_SYSTEM")
+    setattr(kernel, "_svmkit_fine_grain_system", True)  # noqa: B010 (a pyopencl object)
+
+
+def _check_exec_info(code: int, name: str) -> None:
+    """Raise the typed error for a failed ``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_<name>)``."""
+    if code:
+        raise error_for_name(
+            cl_error_name(code), f"clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_{name}) failed"
+        )
