@@ -70,7 +70,7 @@ def fill(
         vector type; ``dst.ptr`` not aligned to it; ``dst.nbytes`` not a multiple of it;
         ``dst`` not contiguous (spec, clEnqueueSVMMemFill: ``CL_INVALID_VALUE``).
     InvalidContextError, MapStateError, UseAfterFreeError
-        See :mod:`svmkit.rules`.
+        See ``docs/CONFORMANCE.md`` (every spec rule and its error).
 
     Notes
     -----
@@ -144,7 +144,7 @@ def copy(
         An array, the queue or a ``wait_for`` event of another context
         (spec: ``CL_INVALID_CONTEXT``).
     MapStateError, UseAfterFreeError
-        See :mod:`svmkit.rules`.
+        See ``docs/CONFORMANCE.md`` (every spec rule and its error).
     """
     context = _context_of(dst, src, queue)
     queue = check_queue(queue, context)
@@ -231,7 +231,7 @@ def migrate(
     UnsupportedError
         The queue's device predates OpenCL 2.1 (no ``clEnqueueSVMMigrateMem``).
     InvalidContextError, MapStateError, UseAfterFreeError
-        See :mod:`svmkit.rules`.
+        See ``docs/CONFORMANCE.md`` (every spec rule and its error).
     """
     items = [arrays] if isinstance(arrays, SVMArray) else list(arrays)
     if not items:
