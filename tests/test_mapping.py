@@ -52,15 +52,15 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> DriverSpy:
 
 
 @pytest.mark.parametrize("mode", ["w", "rw", "w_invalidate"])
-def test_write_modes_reach_the_device(queue, policy, mode):
-    a = sk.zeros(queue.context, 32, np.int32, policy=policy)
+def test_write_modes_reach_the_device(queue, any_policy, mode):
+    a = sk.zeros(queue.context, 32, np.int32, policy=any_policy)
     with sk.mapped(queue, a, mode) as h:
         h[:] = np.arange(32)
     np.testing.assert_array_equal(a.get(queue), np.arange(32))
 
 
-def test_read_mode_sees_device_data_and_is_read_only(queue, policy):
-    a = sk.zeros(queue.context, 16, np.float32, policy=policy)
+def test_read_mode_sees_device_data_and_is_read_only(queue, any_policy):
+    a = sk.zeros(queue.context, 16, np.float32, policy=any_policy)
     sk.fill(queue, a, 2.5)
     with sk.mapped(queue, a, "r") as h:
         np.testing.assert_array_equal(h, np.full(16, 2.5, np.float32))
