@@ -15,6 +15,14 @@ import tempfile
 # PoCL: two CPU devices, so multi-device contexts are testable (other drivers ignore this).
 os.environ.setdefault("POCL_DEVICES", "pthread pthread")
 
+from collections.abc import Iterator
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+import svmkit as sk
+
 # Kernel caches of this session only, so a second run on the same machine builds (and
 # logs) exactly what the first did: PoCL's and NVIDIA's caches outlive the process and
 # would hand back the first run's binaries (without their build logs).  Child
@@ -23,14 +31,6 @@ _KERNEL_CACHE = tempfile.mkdtemp(prefix="svmkit-tests-kernel-cache-")
 os.environ["POCL_CACHE_DIR"] = os.path.join(_KERNEL_CACHE, "pocl")
 os.environ["CUDA_CACHE_PATH"] = os.path.join(_KERNEL_CACHE, "cuda")
 atexit.register(shutil.rmtree, _KERNEL_CACHE, ignore_errors=True)
-
-from collections.abc import Iterator
-
-import numpy as np
-import pyopencl as cl
-import pytest
-
-import svmkit as sk
 
 _NEEDS = {
     "coarse": lambda c: c.coarse_grain_buffer,
