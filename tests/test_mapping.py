@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 import pytest
+from _helpers import run_threads
 
 import svmkit as sk
 import svmkit.driver.entrypoints as icd
@@ -292,25 +293,16 @@ def test_threads_mapping_slices_of_one_allocation(queue, spy):
     ctx = queue.context
     n_threads, per = 4, 64
     a = sk.zeros(ctx, n_threads * per, np.int32, policy=sk.Policy.coarse())
-    errors: list[BaseException] = []
 
     def work(i: int) -> None:
         q = cl.CommandQueue(ctx)
-        try:
-            for _ in range(25):
-                with sk.mapped(q, a[i * per : (i + 1) * per], "rw") as h:
-                    h += 1
-                    time.sleep(0)
-            q.finish()
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        for _ in range(25):
+            with sk.mapped(q, a[i * per : (i + 1) * per], "rw") as h:
+                h += 1
+                time.sleep(0)
+        q.finish()
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors
+    run_threads(work, n_threads, timeout=60, start_together=True)
     assert spy.max_open == 1 and spy.maps == spy.unmaps
     np.testing.assert_array_equal(a.get(), np.full(n_threads * per, 25))
 
