@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _helpers import assert_quiet_exit, run_python
 
 from svmkit.driver import icd_vendors
 
@@ -258,15 +257,14 @@ def test_no_safe_place_registers_nothing(env, driver, monkeypatch, tmp_path, cap
 def test_import_makes_the_installed_wheel_drivers_visible():
     # A fresh interpreter with no OCL_ICD_VENDORS: every wheel driver of this environment
     # is a platform once svmkit is imported (Intel's CPU runtime where `[cpu]` is installed).
-    env = {k: v for k, v in os.environ.items() if k != "OCL_ICD_VENDORS"}
     script = (
         "import svmkit, pyopencl as cl, os\n"
         "print(os.environ.get('OCL_ICD_VENDORS', ''))\n"
         "print('|'.join(p.name for p in cl.get_platforms()))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
-    ).stdout.splitlines()
+    proc = run_python(script, env={"OCL_ICD_VENDORS": None})
+    assert_quiet_exit(proc)
+    out = proc.stdout.splitlines()
     vendors, platforms = out[0], out[1].split("|")
     drivers = icd_vendors.wheel_driver_paths()
     assert bool(vendors) == bool(drivers)
