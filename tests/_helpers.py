@@ -60,6 +60,7 @@ def run_python(
     args: Sequence[str] = (),
     env: Mapping[str, str | None] | None = None,
     timeout: float = 120.0,
+    cwd: str | os.PathLike[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python -c code`` (or ``python *args``) in a fresh interpreter; never raises on
     its exit status.
@@ -76,7 +77,7 @@ def run_python(
             child[name] = value
     argv = [sys.executable, *(["-c", code] if code is not None else []), *args]
     return subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, env=child, check=False
+        argv, capture_output=True, text=True, timeout=timeout, env=child, cwd=cwd, check=False
     )
 
 
