@@ -174,7 +174,9 @@ def test_ctrl_c_in_a_running_demo_is_one_line_and_exit_130(ctx):
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     ) as proc:
         assert proc.stderr is not None
-        before = []  # what precedes the progress bar (warnings about passed-over devices)
+        before: list[
+            str
+        ] = []  # what precedes the progress bar (warnings about passed-over devices)
         while not (line := proc.stderr.readline()).startswith("  progress:"):
             assert line, f"the demo ended before its queue ran: {''.join(before)}"
             before.append(line)

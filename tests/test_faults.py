@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -29,9 +30,13 @@ class FailingUpstream(sk.MemoryResource):
     (1-based), or on every call from ``fail_from`` on; counts live allocations."""
 
     def __init__(
-        self, upstream: sk.MemoryResource, fail_on: set[int] = frozenset(), fail_from: int = 0
+        self,
+        upstream: sk.MemoryResource,
+        fail_on: AbstractSet[int] = frozenset(),
+        fail_from: int = 0,
     ) -> None:
         self.upstream = upstream
+        self.inner = upstream  # typed: the base class's upstream may be None
         self.context = upstream.context
         self.policy = upstream.policy
         self.capabilities = upstream.capabilities
@@ -50,14 +55,14 @@ class FailingUpstream(sk.MemoryResource):
                 nbytes=nbytes,
                 cl_error="CL_MEM_OBJECT_ALLOCATION_FAILURE",
             )
-        alloc = self.upstream.allocate(nbytes, alignment)
+        alloc = self.inner.allocate(nbytes, alignment)
         alloc.resource = self
         self.live[alloc.ptr] = nbytes
         return alloc
 
     def deallocate(self, allocation: Allocation) -> None:
         del self.live[allocation.ptr]
-        self.upstream.deallocate(allocation)
+        self.inner.deallocate(allocation)
 
 
 SIZES = [1000, 3000, 9000, 27000, 81000]  # distinct size classes: no block serves another

@@ -213,6 +213,6 @@ def test_concurrent_enqueue_free_callbacks_run_exactly_once(ctx, spy):
 def test_enqueue_free_needs_a_queue(queue):
     a = sk.zeros(queue.context, 8)
     with pytest.raises(sk.InvalidValueError) as err:
-        a.enqueue_free("queue")  # type: ignore[arg-type]
+        a.enqueue_free("queue")
     assert err.value.cl_error == "CL_INVALID_COMMAND_QUEUE"
     assert not a.freed

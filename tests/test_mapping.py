@@ -29,7 +29,7 @@ class DriverSpy:
         self.max_open = 0
         self.lock = threading.Lock()
 
-    def _enqueue_svm_map(self, queue, blocking, flags, svm, wait_for, size):  # type: ignore[no-untyped-def]
+    def _enqueue_svm_map(self, queue, blocking, flags, svm, wait_for, size):
         event = self.real._enqueue_svm_map(queue, blocking, flags, svm, wait_for, size)
         with self.lock:
             self.maps += 1
@@ -37,7 +37,7 @@ class DriverSpy:
             self.max_open = max(self.max_open, sum(self.open.values()))
         return event
 
-    def _enqueue_svm_unmap(self, queue, svm, wait_for):  # type: ignore[no-untyped-def]
+    def _enqueue_svm_unmap(self, queue, svm, wait_for):
         with self.lock:
             assert self.open.get(svm.svm_ptr, 0) > 0, "unmap of a pointer that is not mapped"
             self.open[svm.svm_ptr] -= 1
@@ -47,7 +47,7 @@ class DriverSpy:
 
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> DriverSpy:
-    s = DriverSpy(mapping._cl)
+    s = DriverSpy(mapping._cl)  # type: ignore[attr-defined]
     monkeypatch.setattr(mapping, "_cl", s)
     return s
 

@@ -17,7 +17,7 @@ from svmkit.resources.base import Allocation
 COMPLETE = cl.command_execution_status.COMPLETE
 
 
-def _raises(cls: type[sk.SVMError], cl_error: str | None, fn) -> sk.SVMError:  # type: ignore[no-untyped-def]
+def _raises(cls: type[sk.SVMError], cl_error: str | None, fn) -> sk.SVMError:
     with pytest.raises(cls) as err:
         fn()
     assert type(err.value) is cls
@@ -269,8 +269,8 @@ def test_copy_bad_arguments(queue):
     ro = np.zeros(4, np.int32)
     ro.flags.writeable = False
     _raises(sk.InvalidValueError, "CL_INVALID_VALUE", lambda: sk.copy(queue, ro, a))
-    _raises(sk.InvalidValueError, "CL_INVALID_VALUE", lambda: sk.copy(queue, a, [1, 2, 3, 4]))
-    _raises(sk.InvalidValueError, "CL_INVALID_VALUE", lambda: sk.copy(queue, b"1234", a))
+    _raises(sk.InvalidValueError, "CL_INVALID_VALUE", lambda: sk.copy(queue, a, [1, 2, 3, 4]))  # type: ignore[arg-type]
+    _raises(sk.InvalidValueError, "CL_INVALID_VALUE", lambda: sk.copy(queue, b"1234", a))  # type: ignore[arg-type]
 
 
 def test_copy_between_host_arrays(queue):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _helpers import assert_quiet_exit, run_python
@@ -144,7 +145,7 @@ def test_a_directory_of_another_user_is_not_used(env, driver, monkeypatch, tmp_p
     _plant(env["scratch"] / name)
     env["scratch"].chmod(0o700)
     uid = os.getuid()
-    monkeypatch.setattr(icd_vendors.os, "getuid", lambda: uid + 4242)  # it is not ours now
+    monkeypatch.setattr(os, "getuid", lambda: uid + 4242)  # it is not ours now
     assert _register(env) is None
     assert "OCL_ICD_VENDORS" not in os.environ
     assert f"is owned by uid {uid}" in caplog.text
@@ -185,7 +186,7 @@ def _fake_owner(monkeypatch: pytest.MonkeyPatch, victim: Path, uid: int) -> None
     real_lstat = os.lstat
     inode = (real_lstat(victim).st_dev, real_lstat(victim).st_ino)
 
-    def lstat(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def lstat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
         st = real_lstat(path, *args, **kwargs)
         if (st.st_dev, st.st_ino) != inode:
             return st
@@ -193,7 +194,7 @@ def _fake_owner(monkeypatch: pytest.MonkeyPatch, victim: Path, uid: int) -> None
         fields[4] = uid
         return os.stat_result(fields)
 
-    monkeypatch.setattr(icd_vendors.os, "lstat", lstat)
+    monkeypatch.setattr(os, "lstat", lstat)
 
 
 @pytest.mark.parametrize("planted", ["extra file", "symbolic link", "other owner", "group write"])

@@ -160,8 +160,9 @@ def test_unsupported_device_is_named(
     import svmkit.policy as policy_module
 
     real = sk.capabilities(ctx)
-    fake_dev = dataclasses.replace(real.devices[0], name="Fake Coarse GPU", **{lacking: False})
-    fake = dataclasses.replace(real, devices=(fake_dev,), **{lacking: False})
+    lack: dict[str, Any] = {lacking: False}
+    fake_dev = dataclasses.replace(real.devices[0], name="Fake Coarse GPU", **lack)
+    fake = dataclasses.replace(real, devices=(fake_dev,), **lack)
     monkeypatch.setattr(policy_module, "capabilities", lambda _ctx: fake)
     with pytest.raises(sk.UnsupportedError, match="Fake Coarse GPU") as info:
         sk.WorkQueue(ctx, 8)
