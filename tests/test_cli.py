@@ -152,7 +152,10 @@ def test_no_platform_is_one_line_and_exit_1(command, tmp_path):
 
 def test_an_empty_vendors_directory_lists_what_the_loader_still_finds(tmp_path):
     (tmp_path / "vendors").mkdir()
-    env: dict[str, str | None] = {"OCL_ICD_VENDORS": str(tmp_path / "vendors")}
+    env: dict[str, str | None] = {
+        "OCL_ICD_VENDORS": str(tmp_path / "vendors"),
+        "PYOPENCL_CTX": None,
+    }
     seen = run_python("import pyopencl as cl; print(len(cl.get_platforms()))", env=env)
     proc = _svmkit("info", "--json", env=env)
     if seen.returncode != 0:  # no platform at all
