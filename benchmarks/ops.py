@@ -14,7 +14,7 @@ Targets: svmkit adds at most 2 µs per enqueue-only call, at most max(2 µs, 5 %
 blocking call, and reaches >= 95 % of raw PyOpenCL bandwidth.  Runs unchanged on any
 OpenCL platform (``PYOPENCL_CTX`` selects it); rows for fine-grain SVM or migration are
 skipped, with a note, where the device lacks them.  Prints the table and rewrites this
-script's section of ``benchmarks/RESULTS.md`` (unless ``--no-write``); progress to stderr.
+script's section of ``benchmarks/RESULTS.md`` (only with ``--write``); progress to stderr.
 """
 
 from __future__ import annotations
@@ -444,7 +444,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer calls (a smoke run)")
     ap.add_argument("--big", action="store_true", help="also 1 GiB copy and fill")
-    ap.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
+    ap.add_argument(
+        "--write", action="store_true", help="rewrite this script's section of RESULTS.md"
+    )
     ap.add_argument(
         "--section",
         default=None,
@@ -475,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     table = render(rows, notes, cmd)
     sys.stdout.write(table)
-    if not args.no_write:
+    if args.write:
         section, suffix = _common.section_name("ops", ctx)
         write_results(table, args.section or section, suffix)
     return 0

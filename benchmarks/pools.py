@@ -9,8 +9,9 @@ random one (sizes log-uniform in 1 B - 4 MiB, at most 256 live).  Plus "allocate
 first write" pooled vs raw.  Every implementation uses the same SVM flags: the best
 policy the context supports (coarse-grain on drivers without fine-grain buffers).
 
-Usage: ``python benchmarks/pools.py [--quick] [--no-write] [--section NAME]``.
-Prints a table, updates its section of ``benchmarks/RESULTS.md`` and writes a plot.
+Usage: ``python benchmarks/pools.py [--quick] [--write] [--section NAME]``.
+Prints a table; with ``--write`` also updates its section of ``benchmarks/RESULTS.md`` and
+writes a plot.
 """
 
 from __future__ import annotations
@@ -309,7 +310,11 @@ def plot(results: dict[str, dict[str, float]], path: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
-    ap.add_argument("--no-write", action="store_true", help="do not update RESULTS.md/plot")
+    ap.add_argument(
+        "--write",
+        action="store_true",
+        help="rewrite this script's section of RESULTS.md and its plot",
+    )
     ap.add_argument(
         "--section",
         default=None,
@@ -324,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = "python benchmarks/pools.py" + (" --quick" if args.quick else "")
     table = render(results, first, machine_notes(ctx), cmd)
     print(table)
-    if not args.no_write:
+    if args.write:
         write_results(table, section, title)
         plot(results, HERE / f"{section}.png", title)
     return 0

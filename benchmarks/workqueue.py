@@ -13,9 +13,9 @@ Rows (medians of ``--repeat`` runs, all measured in this one run):
 On a device without fine-grain SVM atomics (NVIDIA's OpenCL: coarse-grain only) the queue
 rows are skipped, saying so, and the batched coarse-grain rows are what svmkit's demo
 falls back to.  ``--quick`` runs fewer items.  The table goes to stdout and to this
-script's section of ``benchmarks/RESULTS.md`` (unless ``--no-write``); progress to stderr.
+script's section of ``benchmarks/RESULTS.md`` (only with ``--write``); progress to stderr.
 
-    python benchmarks/workqueue.py [--quick] [--repeat N] [--no-write]
+    python benchmarks/workqueue.py [--quick] [--repeat N] [--write]
 """
 
 from __future__ import annotations
@@ -237,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer items (a smoke run)")
     ap.add_argument("--repeat", type=int, default=None, help="runs per row (median)")
-    ap.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
+    ap.add_argument(
+        "--write", action="store_true", help="rewrite this script's section of RESULTS.md"
+    )
     args = ap.parse_args(argv)
     repeat = args.repeat or (1 if args.quick else 3)
     scale = 0.1 if args.quick else 1.0
@@ -388,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     notes = machine_notes(ctx) + notes
     table = render(rows, notes, args.quick)
     sys.stdout.write(table)
-    if not args.no_write:
+    if args.write:
         write_results(table, ctx)
     return 0
 

@@ -110,14 +110,14 @@ def context_of(obj: Any) -> cl.Context:
     busy driver such queries contend with its worker threads, so the hot path asks once.
     """
     try:
-        return obj._svmkit_context  # type: ignore[no-any-return]
+        return obj._svmkit_context
     except AttributeError:
         context = obj.context
         try:
             obj._svmkit_context = context
         except AttributeError:
             pass
-        return context  # type: ignore[no-any-return]
+        return context
 
 
 def check_kernel_context(kernel: cl.Kernel, context: cl.Context) -> None:

@@ -7,7 +7,10 @@ capability, when the context lacks it (so the suite runs on coarse-only drivers 
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # PoCL: two CPU devices, so multi-device contexts are testable (other drivers ignore this).
 os.environ.setdefault("POCL_DEVICES", "pthread pthread")
@@ -19,6 +22,15 @@ import pyopencl as cl
 import pytest
 
 import svmkit as sk
+
+# Kernel caches of this session only, so a second run on the same machine builds (and
+# logs) exactly what the first did: PoCL's and NVIDIA's caches outlive the process and
+# would hand back the first run's binaries (without their build logs).  Child
+# interpreters of the tests inherit them.
+_KERNEL_CACHE = tempfile.mkdtemp(prefix="svmkit-tests-kernel-cache-")
+os.environ["POCL_CACHE_DIR"] = os.path.join(_KERNEL_CACHE, "pocl")
+os.environ["CUDA_CACHE_PATH"] = os.path.join(_KERNEL_CACHE, "cuda")
+atexit.register(shutil.rmtree, _KERNEL_CACHE, ignore_errors=True)
 
 _NEEDS = {
     "coarse": lambda c: c.coarse_grain_buffer,
@@ -64,6 +76,35 @@ def policy(request: pytest.FixtureRequest, caps: sk.Capabilities) -> sk.Policy:
     if not _NEEDS[request.param](caps):
         pytest.skip(f"the test device lacks {request.param} SVM ({caps.name})")
     return sk.Policy.coarse() if request.param == "coarse" else sk.Policy.fine()
+
+
+#: Every policy the suite runs the granularity-generic tests with, by id.
+POLICIES = {
+    "coarse": sk.Policy.coarse(),
+    "fine": sk.Policy.fine(),
+    "fine+atomics": sk.Policy.fine(atomics=True),
+    "system": sk.Policy.system(),
+    "system+atomics": sk.Policy.system(atomics=True),
+}
+
+
+def _supports(caps: sk.Capabilities, policy: sk.Policy) -> bool:
+    return not policy.missing(caps)
+
+
+@pytest.fixture(params=list(POLICIES))
+def any_policy(request: pytest.FixtureRequest, caps: sk.Capabilities) -> sk.Policy:
+    """Every policy, SYSTEM and atomics included (skips those the device lacks, naming them)."""
+    policy = POLICIES[request.param]
+    if not _supports(caps, policy):
+        pytest.skip(f"the test device lacks {request.param} SVM ({caps.name})")
+    return policy
+
+
+@pytest.fixture(scope="session")
+def policies(caps: sk.Capabilities) -> dict[str, sk.Policy]:
+    """The policies of :data:`POLICIES` that the test device supports, by id."""
+    return {name: p for name, p in POLICIES.items() if _supports(caps, p)}
 
 
 @pytest.fixture(scope="session")
@@ -122,3 +163,18 @@ def foreign_event(other_ctx: cl.Context) -> cl.UserEvent:
     event = cl.UserEvent(other_ctx)
     event.set_status(cl.command_execution_status.COMPLETE)
     return event
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The OpenCL device and driver the suite runs on (what ``sk.create_context()`` picks)."""
+    try:
+        device = sk.create_context().devices[0]
+    except Exception as exc:  # the session fixture reports it again, per test
+        return [f"OpenCL: no device ({type(exc).__name__}: {exc})"]
+    platform = device.platform
+    return [
+        f"OpenCL: {device.name.strip()} on {platform.name.strip()} "
+        f"({platform.version.strip()}; driver {device.driver_version.strip()}); "
+        f"PYOPENCL_CTX={os.environ.get('PYOPENCL_CTX', '')!r}",
+        f"svmkit {sk.__version__}, PyOpenCL {cl.VERSION_TEXT}, NumPy {np.__version__}",
+    ]

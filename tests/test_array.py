@@ -35,18 +35,18 @@ def write_index(program):
     return cl.Kernel(program, "write_index")
 
 
-def test_kernel_writes_through_array_and_host_reads(ctx, queue, policy, write_index):
-    a = sk.zeros(ctx, 64, np.int32, policy=policy)
+def test_kernel_writes_through_array_and_host_reads(ctx, queue, any_policy, write_index):
+    a = sk.zeros(ctx, 64, np.int32, policy=any_policy)
     write_index(queue, (64,), None, a, np.int32(100)).wait()
     assert np.array_equal(a.get(queue), np.arange(100, 164, dtype=np.int32))
-    if not policy.needs_map:
+    if not any_policy.needs_map:
         assert np.array_equal(a.host, np.arange(100, 164))
         assert np.array_equal(np.asarray(a), np.arange(100, 164))
     a.free()
 
 
-def test_kernel_writes_through_a_view_at_its_offset(ctx, queue, policy, write_index):
-    a = sk.zeros(ctx, (4, 8), np.int32, policy=policy)
+def test_kernel_writes_through_a_view_at_its_offset(ctx, queue, any_policy, write_index):
+    a = sk.zeros(ctx, (4, 8), np.int32, policy=any_policy)
     row = a[2]
     assert row.ptr == a.ptr + 2 * 8 * 4
     assert row.allocation is a.allocation and row.base is a
@@ -117,8 +117,8 @@ def test_coarse_host_outside_a_map_is_a_map_state_error(ctx):
     assert np.array_equal(a.get(), np.zeros(8))
 
 
-def test_get_and_set_strided_views(ctx, policy):
-    a = sk.zeros(ctx, (4, 6), np.float64, policy=policy)
+def test_get_and_set_strided_views(ctx, any_policy):
+    a = sk.zeros(ctx, (4, 6), np.float64, policy=any_policy)
     a[:, 1].set([1, 2, 3, 4])
     a[::2, 3:5].set(9)
     expected = np.zeros((4, 6))
@@ -130,8 +130,8 @@ def test_get_and_set_strided_views(ctx, policy):
     assert np.array_equal(a.T.get(), expected.T)
 
 
-def test_set_casts_and_broadcasts_and_rejects_bad_shapes(ctx, policy):
-    a = sk.zeros(ctx, (2, 3), np.int32, policy=policy)
+def test_set_casts_and_broadcasts_and_rejects_bad_shapes(ctx, any_policy):
+    a = sk.zeros(ctx, (2, 3), np.int32, policy=any_policy)
     a.set([1.9, 2.2, 3.0])
     assert np.array_equal(a.get(), [[1, 2, 3], [1, 2, 3]])
     with pytest.raises(sk.InvalidValueError, match="shape") as info:
@@ -140,26 +140,28 @@ def test_set_casts_and_broadcasts_and_rejects_bad_shapes(ctx, policy):
     assert np.array_equal(a.get(), [[1, 2, 3], [1, 2, 3]])
 
 
-def test_constructors(ctx, policy):
-    assert np.array_equal(sk.ones(ctx, 5, np.int8, policy=policy).get(), np.ones(5))
-    f = sk.full(ctx, (2, 2), 2.5, policy=policy)
+def test_constructors(ctx, any_policy):
+    assert np.array_equal(sk.ones(ctx, 5, np.int8, policy=any_policy).get(), np.ones(5))
+    f = sk.full(ctx, (2, 2), 2.5, policy=any_policy)
     assert f.dtype == np.float64 and np.array_equal(f.get(), np.full((2, 2), 2.5))
     z = sk.zeros_like(f)
-    assert z.shape == (2, 2) and z.policy == policy and np.array_equal(z.get(), np.zeros((2, 2)))
+    assert (
+        z.shape == (2, 2) and z.policy == any_policy and np.array_equal(z.get(), np.zeros((2, 2)))
+    )
     e = sk.empty_like(f, dtype=np.int16)
     assert e.dtype == np.int16 and e.shape == (2, 2)
     src = np.arange(12, dtype=np.uint16).reshape(3, 4)
-    b = sk.asarray(ctx, src, policy=policy)
+    b = sk.asarray(ctx, src, policy=any_policy)
     assert np.array_equal(b.get(), src) and b.dtype == np.uint16
     assert sk.asarray(ctx, b) is b
     c = sk.asarray(ctx, b, dtype=np.float32)
     assert c is not b and np.array_equal(c.get(), src.astype(np.float32))
-    odd = sk.full(ctx, 3, np.array((1, 2, 3), dtype="u1,u1,u1"), policy=policy)
+    odd = sk.full(ctx, 3, np.array((1, 2, 3), dtype="u1,u1,u1"), policy=any_policy)
     assert odd.get().tolist() == [(1, 2, 3)] * 3
 
 
-def test_free_is_idempotent_and_any_later_use_raises(ctx, policy):
-    a = sk.zeros(ctx, 16, np.int32, policy=policy)
+def test_free_is_idempotent_and_any_later_use_raises(ctx, any_policy):
+    a = sk.zeros(ctx, 16, np.int32, policy=any_policy)
     v = a[4:8]
     a.free()
     a.free()

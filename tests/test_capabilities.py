@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from typing import Any
 
 import pyopencl as cl
 import pytest
@@ -55,7 +56,7 @@ def test_two_device_context_ands_and_mins(two_device_ctx):
     assert caps.max_alloc_bytes == min(d.max_alloc_bytes for d in caps.devices)
 
 
-def _fake(base: sk.Capabilities, **changes: object) -> sk.Capabilities:
+def _fake(base: sk.Capabilities, **changes: Any) -> sk.Capabilities:
     fake = dataclasses.replace(base, **changes)
     object.__setattr__(fake, "devices", (fake,))
     return fake

@@ -12,13 +12,12 @@ The default run does each scenario once; ``-m stress`` repeats every one 20 time
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import textwrap
 from typing import Any
 
 import pytest
+from _helpers import assert_quiet_exit, run_python
 
 RUNS_STRESS = 20
 TIMEOUT_S = 60
@@ -145,22 +144,11 @@ SCENARIOS: dict[str, tuple[str, str | None]] = {
 
 def run_scenario(body: str) -> subprocess.CompletedProcess[str]:
     script = PRELUDE + textwrap.dedent(body) + '\nprint("reached-exit", flush=True)\n'
-    env = dict(os.environ, PYTHONFAULTHANDLER="1")
-    env.setdefault("POCL_DEVICES", "pthread pthread")
-    return subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        env=env,
-    )
+    return run_python(script, timeout=TIMEOUT_S)
 
 
 def check_clean(proc: subprocess.CompletedProcess[str]) -> None:
-    assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stderr[-3000:]}"
-    assert proc.stdout.strip().endswith("reached-exit"), proc.stdout[-500:]
-    for noise in ("Traceback", "Exception ignored", "Fatal Python error", "Segmentation"):
-        assert noise not in proc.stderr, proc.stderr[-3000:]
+    assert_quiet_exit(proc, last_line="reached-exit")
 
 
 def _params() -> list[Any]:

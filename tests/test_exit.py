@@ -5,12 +5,10 @@ Each scenario runs in a fresh interpreter: PyOpenCL 2026.1.4's own SVMPool segfa
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from _helpers import assert_quiet_exit, run_python
 
 PRELUDE = """
 import numpy as np, pyopencl as cl, svmkit as sk
@@ -59,11 +57,4 @@ SCENARIOS = {
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_exit_is_clean(name: str) -> None:
     code = PRELUDE + textwrap.dedent(SCENARIOS[name]) + "\nprint('reached the end')\n"
-    env = dict(os.environ)
-    env.setdefault("POCL_DEVICES", "pthread pthread")
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "reached the end" in proc.stdout
-    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+    assert_quiet_exit(run_python(code), last_line="reached the end")

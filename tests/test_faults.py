@@ -10,9 +10,10 @@
 
 from __future__ import annotations
 
-import _thread
+import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ import pytest
 import svmkit as sk
 from svmkit import events
 from svmkit.resources.base import Allocation
+from svmkit.workqueue import queue as queue_module
 
 
 class FailingUpstream(sk.MemoryResource):
@@ -28,9 +30,13 @@ class FailingUpstream(sk.MemoryResource):
     (1-based), or on every call from ``fail_from`` on; counts live allocations."""
 
     def __init__(
-        self, upstream: sk.MemoryResource, fail_on: set[int] = frozenset(), fail_from: int = 0
+        self,
+        upstream: sk.MemoryResource,
+        fail_on: AbstractSet[int] = frozenset(),
+        fail_from: int = 0,
     ) -> None:
         self.upstream = upstream
+        self.inner = upstream  # typed: the base class's upstream may be None
         self.context = upstream.context
         self.policy = upstream.policy
         self.capabilities = upstream.capabilities
@@ -49,14 +55,14 @@ class FailingUpstream(sk.MemoryResource):
                 nbytes=nbytes,
                 cl_error="CL_MEM_OBJECT_ALLOCATION_FAILURE",
             )
-        alloc = self.upstream.allocate(nbytes, alignment)
+        alloc = self.inner.allocate(nbytes, alignment)
         alloc.resource = self
         self.live[alloc.ptr] = nbytes
         return alloc
 
     def deallocate(self, allocation: Allocation) -> None:
         del self.live[allocation.ptr]
-        self.upstream.deallocate(allocation)
+        self.inner.deallocate(allocation)
 
 
 SIZES = [1000, 3000, 9000, 27000, 81000]  # distinct size classes: no block serves another
@@ -163,26 +169,39 @@ def test_interrupt_after_freeing_inside_mapped_still_releases_memory(ctx, queue)
 
 
 @pytest.fixture
-def interrupt() -> Iterator[Any]:
-    """``interrupt(delay)`` raises KeyboardInterrupt in the main thread after ``delay`` s."""
-    timers: list[threading.Timer] = []
+def interrupt(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[int], None]]:
+    """``interrupt(rounds)``: Ctrl-C (a real SIGINT) reaches the main thread while a blocking
+    work-queue call waits, at its ``rounds``-th wait.
 
-    def arm(delay: float) -> None:
-        t = threading.Timer(delay, _thread.interrupt_main)
-        timers.append(t)
-        t.start()
+    Deterministic where a timer is not: the signal is raised from inside the wait itself
+    (the queue's backoff), with Python's default handler installed for the test.
+    """
+    real_backoff = queue_module._backoff
+    waits = {"count": 0, "at": 0}
 
-    yield arm
-    for t in timers:
-        t.cancel()
-        t.join()
+    def backoff(ring: Any, for_pop: bool, round_: int) -> None:
+        waits["count"] += 1
+        if waits["count"] == waits["at"]:
+            signal.raise_signal(signal.SIGINT)  # KeyboardInterrupt is raised right here
+        real_backoff(ring, for_pop, round_)
+
+    def arm(rounds: int) -> None:
+        waits.update(count=0, at=rounds)
+
+    monkeypatch.setattr(queue_module, "_backoff", backoff)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield arm
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert waits["count"] >= waits["at"], "the call never waited as long as the test meant"
 
 
 @pytest.mark.needs("atomics")
 def test_interrupted_push_many_leaves_a_consistent_queue(ctx, interrupt):
     wq = sk.WorkQueue(ctx, 8, np.int64)
     items = np.arange(100, dtype=np.int64)
-    interrupt(0.2)
+    interrupt(20)  # the 20th wait: past the spinning, into the sleeping backoff
     with pytest.raises(KeyboardInterrupt) as info:
         wq.push_many(items, timeout=30)  # blocks when full: no consumer
     pushed = getattr(info.value, "pushed", None)
@@ -200,7 +219,7 @@ def test_interrupted_push_many_leaves_a_consistent_queue(ctx, interrupt):
 def test_interrupted_pop_many_loses_no_item(ctx, interrupt):
     wq = sk.WorkQueue(ctx, 16, np.int64)
     wq.push_many(np.arange(5, dtype=np.int64))
-    interrupt(0.2)
+    interrupt(20)  # the 20th wait: past the spinning, into the sleeping backoff
     with pytest.raises(KeyboardInterrupt) as info:
         wq.pop_many(10, timeout=30)  # gets 5, then blocks on the empty queue
     popped = getattr(info.value, "popped", None)

@@ -9,6 +9,7 @@ from collections import Counter
 import numpy as np
 import pyopencl as cl
 import pytest
+from _helpers import run_threads
 
 import svmkit as sk
 import svmkit.driver.entrypoints as icd
@@ -202,11 +203,7 @@ def test_concurrent_enqueue_free_callbacks_run_exactly_once(ctx, spy):
             a.enqueue_free(q, callback)  # second call: already freed, no callback
         q.finish()
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_threads(lambda _: worker(), 4, timeout=60)
     assert drain(30)
     assert len(counts) == 200 and set(counts.values()) == {1}
     assert all(a.freed for a in arrays_all)
@@ -216,6 +213,6 @@ def test_concurrent_enqueue_free_callbacks_run_exactly_once(ctx, spy):
 def test_enqueue_free_needs_a_queue(queue):
     a = sk.zeros(queue.context, 8)
     with pytest.raises(sk.InvalidValueError) as err:
-        a.enqueue_free("queue")  # type: ignore[arg-type]
+        a.enqueue_free("queue")
     assert err.value.cl_error == "CL_INVALID_COMMAND_QUEUE"
     assert not a.freed

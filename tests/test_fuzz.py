@@ -21,6 +21,7 @@ from __future__ import annotations
 import gc
 import os
 import weakref
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,7 +139,8 @@ class Handle:
             return np.empty(0, np.int64)
         start = mv.__array_interface__["data"][0] - self.alloc.data.__array_interface__["data"][0]
         elems = start + np.arange(mv.size, dtype=np.int64) * mv.strides[0]
-        return (elems[:, None] + np.arange(mv.itemsize)[None, :]).ravel()
+        offsets: np.ndarray = (elems[:, None] + np.arange(mv.itemsize)[None, :]).ravel()
+        return offsets
 
     def span(self) -> tuple[int, int]:
         offs = self.byte_offsets()
@@ -204,7 +206,7 @@ def covered(h: Handle) -> bool:
 class Expect:
     """Run a step: it must raise one of ``errors`` (class and ``cl_error``), or succeed."""
 
-    def __init__(self, errors: set[tuple[type, str | None]]) -> None:
+    def __init__(self, errors: AbstractSet[tuple[type, str | None]]) -> None:
         self.errors = errors
         self.raised: BaseException | None = None
 
@@ -288,6 +290,7 @@ class SVMMachine(RuleBasedStateMachine):
         huge = n is None
         if huge:
             n = CAPS.max_alloc_bytes // dtype.itemsize + 1
+        assert n is not None
         errors = set()
         if n < 0 or huge:
             errors.add(IVE)
@@ -401,6 +404,7 @@ class SVMMachine(RuleBasedStateMachine):
         if ex.ok:
             assert isinstance(event, cl.Event)
             if h.nbytes:
+                assert pattern is not None  # an overflowing value is an error, not a fill
                 self.write(h, np.tile(pattern, h.nbytes // pattern.nbytes))
 
     def write(self, h: Handle, new_bytes: np.ndarray) -> None:
@@ -444,6 +448,7 @@ class SVMMachine(RuleBasedStateMachine):
         else:
             sh = pick(data, self.handles, "src")
         other = sh if dh is None else dh
+        assert other is not None  # not both sides on the host
         n = (
             other.nbytes
             if data.draw(st.booleans(), label="same size")
@@ -733,7 +738,7 @@ class SVMMachine(RuleBasedStateMachine):
         record = weakref.ref(alloc.base.allocation)
         self.handles = [h for h in self.handles if h.alloc is not alloc]
         self.allocs.remove(alloc)
-        alloc.base = None  # type: ignore[assignment]
+        alloc.base = None
         alloc.freed = True
         if record() is not None:  # only held in a cycle: a full collection frees it
             gc.collect()

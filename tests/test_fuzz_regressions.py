@@ -34,7 +34,8 @@ def test_pooled_array_dying_in_a_reference_cycle_keeps_its_block_valid(ctx, cycl
     pool = sk.Pool(ctx)
 
     class Holder:
-        pass
+        a: sk.SVMArray
+        self: object
 
     h = Holder()
     h.a = pool.full(100, 5, np.uint8)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 import pytest
+from _helpers import run_threads
 
 import svmkit as sk
 import svmkit.driver.calls as driver_calls
@@ -31,7 +32,7 @@ class DriverSpy:
     def __getattr__(self, name: str) -> Any:  # every other entry point: the real one
         return getattr(self.real, name)
 
-    def _enqueue_svm_map(self, queue, blocking, flags, svm, wait_for, size):  # type: ignore[no-untyped-def]
+    def _enqueue_svm_map(self, queue, blocking, flags, svm, wait_for, size):
         event = self.real._enqueue_svm_map(queue, blocking, flags, svm, wait_for, size)
         with self.lock:
             self.maps += 1
@@ -39,7 +40,7 @@ class DriverSpy:
             self.max_open = max(self.max_open, sum(self.open.values()))
         return event
 
-    def _enqueue_svm_unmap(self, queue, svm, wait_for):  # type: ignore[no-untyped-def]
+    def _enqueue_svm_unmap(self, queue, svm, wait_for):
         with self.lock:
             assert self.open.get(svm.svm_ptr, 0) > 0, "unmap of a pointer that is not mapped"
             self.open[svm.svm_ptr] -= 1
@@ -55,15 +56,15 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> DriverSpy:
 
 
 @pytest.mark.parametrize("mode", ["w", "rw", "w_invalidate"])
-def test_write_modes_reach_the_device(queue, policy, mode):
-    a = sk.zeros(queue.context, 32, np.int32, policy=policy)
+def test_write_modes_reach_the_device(queue, any_policy, mode):
+    a = sk.zeros(queue.context, 32, np.int32, policy=any_policy)
     with sk.mapped(queue, a, mode) as h:
         h[:] = np.arange(32)
     np.testing.assert_array_equal(a.get(queue), np.arange(32))
 
 
-def test_read_mode_sees_device_data_and_is_read_only(queue, policy):
-    a = sk.zeros(queue.context, 16, np.float32, policy=policy)
+def test_read_mode_sees_device_data_and_is_read_only(queue, any_policy):
+    a = sk.zeros(queue.context, 16, np.float32, policy=any_policy)
     sk.fill(queue, a, 2.5)
     with sk.mapped(queue, a, "r") as h:
         np.testing.assert_array_equal(h, np.full(16, 2.5, np.float32))
@@ -295,25 +296,16 @@ def test_threads_mapping_slices_of_one_allocation(queue, spy):
     ctx = queue.context
     n_threads, per = 4, 64
     a = sk.zeros(ctx, n_threads * per, np.int32, policy=sk.Policy.coarse())
-    errors: list[BaseException] = []
 
     def work(i: int) -> None:
         q = cl.CommandQueue(ctx)
-        try:
-            for _ in range(25):
-                with sk.mapped(q, a[i * per : (i + 1) * per], "rw") as h:
-                    h += 1
-                    time.sleep(0)
-            q.finish()
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        for _ in range(25):
+            with sk.mapped(q, a[i * per : (i + 1) * per], "rw") as h:
+                h += 1
+                time.sleep(0)
+        q.finish()
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors
+    run_threads(work, n_threads, timeout=60, start_together=True)
     assert spy.max_open == 1 and spy.maps == spy.unmaps
     np.testing.assert_array_equal(a.get(), np.full(n_threads * per, 25))
 

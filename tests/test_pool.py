@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 import pytest
+from _helpers import run_threads
 
 import svmkit as sk
 from svmkit.events import drain, is_complete
@@ -350,36 +351,27 @@ def _stress(ctx: cl.Context, threads: int, steps: int) -> int:
     upstream = sk.StatisticsAdaptor(sk.SVMResource(ctx, policy))
     pool = sk.StatisticsAdaptor(sk.PoolResource(upstream))
     host = not policy.needs_map
-    errors: list[BaseException] = []
 
     def worker(seed: int) -> None:
         rng = random.Random(seed)
         live: list[tuple[Any, int]] = []
-        try:
-            for _ in range(steps):
-                if len(live) >= 32 or (live and rng.random() < 0.5):
-                    a, tag = live.pop(rng.randrange(len(live)))
-                    if host:  # nobody else wrote into our array meanwhile
-                        assert a.host[0] == tag and a.host[-1] == tag
-                    a.free()
-                else:
-                    n = rng.randint(1, 4 << 20)
-                    a = sk.empty(ctx, n, np.uint8, resource=pool)
-                    tag = rng.randrange(256)
-                    if host:
-                        a.host[0] = a.host[-1] = tag
-                    live.append((a, tag))
-            for a, _ in live:
+        for _ in range(steps):
+            if len(live) >= 32 or (live and rng.random() < 0.5):
+                a, tag = live.pop(rng.randrange(len(live)))
+                if host:  # nobody else wrote into our array meanwhile
+                    assert a.host[0] == tag and a.host[-1] == tag
                 a.free()
-        except BaseException as exc:
-            errors.append(exc)
+            else:
+                n = rng.randint(1, 4 << 20)
+                a = sk.empty(ctx, n, np.uint8, resource=pool)
+                tag = rng.randrange(256)
+                if host:
+                    a.host[0] = a.host[-1] = tag
+                live.append((a, tag))
+        for a, _ in live:
+            a.free()
 
-    workers = [threading.Thread(target=worker, args=(seed,)) for seed in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    assert not errors, errors
+    run_threads(worker, threads)
     stats = pool.stats()
     assert stats["current_bytes"] == 0 and stats["current_allocations"] == 0
     assert stats["total_allocations"] > threads * steps // 3

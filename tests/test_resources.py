@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import itertools
 import random
-import threading
 from collections.abc import Callable
 
 import numpy as np
 import pyopencl as cl
 import pytest
+from _helpers import run_threads
 
 import svmkit as sk
 
@@ -186,37 +186,28 @@ def test_upstream_is_kept_alive(ctx: cl.Context, policy: sk.Policy) -> None:
 
 
 def test_concurrent_allocate_free(mr: sk.MemoryResource) -> None:
-    errors: list[BaseException] = []
     tags = np.zeros(4, np.int64)
 
     def worker(t: int) -> None:
-        try:
-            rng = random.Random(t)
-            live: list[sk.Allocation] = []
-            for i in range(150):
-                if live and rng.random() < 0.5:
-                    a = live.pop(rng.randrange(len(live)))
-                    if host:  # nobody else wrote our first byte
-                        assert a.u8[0] == a.nbytes % 251
-                    a.free()
-                else:
-                    a = mr.allocate(rng.randint(1, 8192))
-                    if host:
-                        a.u8[0] = a.nbytes % 251
-                    live.append(a)
-                tags[t] = i
-            for a in live:
+        rng = random.Random(t)
+        live: list[sk.Allocation] = []
+        for i in range(150):
+            if live and rng.random() < 0.5:
+                a = live.pop(rng.randrange(len(live)))
+                if host:  # nobody else wrote our first byte
+                    assert a.u8[0] == a.nbytes % 251
                 a.free()
-        except BaseException as exc:
-            errors.append(exc)
+            else:
+                a = mr.allocate(rng.randint(1, 8192))
+                if host:
+                    a.u8[0] = a.nbytes % 251
+                live.append(a)
+            tags[t] = i
+        for a in live:
+            a.free()
 
     host = not mr.policy.needs_map  # coarse memory is not touched outside a map
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors, errors
+    run_threads(worker, 4, start_together=True)
     assert list(tags) == [149] * 4
 
 

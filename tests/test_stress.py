@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 import random
-import threading
 import time
 
 import numpy as np
 import pytest
+from _helpers import run_threads
 
 import svmkit as sk
 from svmkit import events
@@ -40,38 +40,31 @@ def test_pool_threads_exact_accounting(ctx, caps):
     def worker(tid: int) -> None:
         rng = random.Random(tid)
         held: list[tuple[sk.SVMArray, int]] = []
-        try:
-            for op in range(POOL_OPS):
-                if len(held) < 16 and (not held or rng.random() < 0.55):
-                    n = rng.choice(SIZES)
-                    stamp = (tid << 24) | (op & 0xFFFFFF)
-                    a = pool.empty(n // 4 or 1, np.int32)
-                    if policy.needs_map:
-                        a.set(stamp)
-                    else:
-                        a.host[:] = stamp
-                    held.append((a, stamp))
-                    counts[tid] += 1
+        for op in range(POOL_OPS):
+            if len(held) < 16 and (not held or rng.random() < 0.55):
+                n = rng.choice(SIZES)
+                stamp = (tid << 24) | (op & 0xFFFFFF)
+                a = pool.empty(n // 4 or 1, np.int32)
+                if policy.needs_map:
+                    a.set(stamp)
                 else:
-                    a, stamp = held.pop(rng.randrange(len(held)))
-                    got = a.get() if policy.needs_map else a.host
-                    if not (got == stamp).all():
-                        errors.append(f"thread {tid} op {op}: block overwritten")
-                    a.free()
-            for a, stamp in held:
+                    a.host[:] = stamp
+                held.append((a, stamp))
+                counts[tid] += 1
+            else:
+                a, stamp = held.pop(rng.randrange(len(held)))
                 got = a.get() if policy.needs_map else a.host
                 if not (got == stamp).all():
-                    errors.append(f"thread {tid}: block overwritten at the end")
+                    errors.append(f"thread {tid} op {op}: block overwritten")
                 a.free()
-        except Exception as exc:  # reported below
-            errors.append(f"thread {tid}: {exc!r}")
+        for a, stamp in held:
+            got = a.get() if policy.needs_map else a.host
+            if not (got == stamp).all():
+                errors.append(f"thread {tid}: block overwritten at the end")
+            a.free()
 
     start = time.perf_counter()
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(POOL_THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(worker, POOL_THREADS, timeout=3600)
     elapsed = time.perf_counter() - start
     assert errors == []
     assert events.drain(10.0)
@@ -114,26 +107,19 @@ def test_work_queue_items_exactly_once(ctx, queue):
     start = time.perf_counter()
     done = sk.launch(queue, prg.consume, gs, ls, wq, seen, count)
     share = WQ_ITEMS // WQ_PRODUCERS
-    errors: list[str] = []
 
     def producer(p: int) -> None:
         lo = p * share
         hi = WQ_ITEMS if p == WQ_PRODUCERS - 1 else lo + share
-        try:
-            for chunk in range(lo, hi, 100_000):
-                wq.push_many(np.arange(chunk, min(chunk + 100_000, hi), dtype=np.int64))
-        except Exception as exc:
-            errors.append(repr(exc))
+        for chunk in range(lo, hi, 100_000):
+            wq.push_many(np.arange(chunk, min(chunk + 100_000, hi), dtype=np.int64))
 
-    threads = [threading.Thread(target=producer, args=(p,)) for p in range(WQ_PRODUCERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wq.close()
-    done.wait()
+    try:
+        run_threads(producer, WQ_PRODUCERS, timeout=3600)
+    finally:  # the consumer kernel ends once the queue is closed and drained
+        wq.close()
+        done.wait()
     elapsed = time.perf_counter() - start
-    assert errors == []
     assert int(count.host.sum()) == WQ_ITEMS
     hist = np.bincount(seen.host, minlength=2)
     assert hist[1] == WQ_ITEMS and hist.sum() == WQ_ITEMS  # every item exactly once

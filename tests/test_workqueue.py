@@ -14,12 +14,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pyopencl as cl
 import pytest
+from _helpers import run_threads
 
 import svmkit as sk
 from svmkit.workqueue import WorkQueueTimeout, opencl_type, ring
@@ -124,25 +125,6 @@ def finish(events: list[cl.Event], wq: sk.WorkQueue, timeout: float = 60.0) -> N
         time.sleep(0.002)
 
 
-def run_threads(target: Callable[[int], None], count: int) -> None:
-    errors: list[BaseException] = []
-
-    def body(i: int) -> None:
-        try:
-            target(i)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-        assert not t.is_alive(), "a host thread hung"
-    if errors:
-        raise errors[0]
-
-
 def fine_zeros(ctx: cl.Context, n: int, dtype: Any) -> sk.SVMArray:
     return sk.zeros(ctx, n, dtype, policy=sk.Policy.fine(atomics=True))
 
@@ -178,8 +160,9 @@ def test_unsupported_device_is_named(
     import svmkit.policy as policy_module
 
     real = sk.capabilities(ctx)
-    fake_dev = dataclasses.replace(real.devices[0], name="Fake Coarse GPU", **{lacking: False})
-    fake = dataclasses.replace(real, devices=(fake_dev,), **{lacking: False})
+    lack: dict[str, Any] = {lacking: False}
+    fake_dev = dataclasses.replace(real.devices[0], name="Fake Coarse GPU", **lack)
+    fake = dataclasses.replace(real, devices=(fake_dev,), **lack)
     monkeypatch.setattr(policy_module, "capabilities", lambda _ctx: fake)
     with pytest.raises(sk.UnsupportedError, match="Fake Coarse GPU") as info:
         sk.WorkQueue(ctx, 8)

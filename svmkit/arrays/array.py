@@ -116,7 +116,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         return dtype
 
     @property
-    def size(self) -> int:  # type: ignore[override]
+    def size(self) -> int:
         return int(self._view.size)
 
     @property
@@ -133,7 +133,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
 
     @property
     def strides(self) -> tuple[int, ...]:
-        return self._view.strides  # type: ignore[no-any-return]
+        return self._view.strides
 
     @property
     def policy(self) -> Policy:

@@ -1,20 +1,30 @@
 """``svmkit info``: what SVM every OpenCL platform and device offers.
 
 A platform or device that errors while being queried is reported with its error, never
-fatal, and nothing is listed that the driver did not report.
+fatal, and nothing is listed that the driver did not report.  The device
+``sk.create_context()`` picks is marked, and the report names the versions of svmkit,
+PyOpenCL, NumPy and every driver.
 """
 
 from __future__ import annotations
 
 import logging
+import platform as _platform
 from typing import Any
 
+import numpy as np
 import pyopencl as cl
 
-from svmkit.capabilities import capabilities, compiler_failure, opencl_c_versions
+from svmkit._version import __version__
+from svmkit.capabilities import (
+    capabilities,
+    compiler_failure,
+    create_context,
+    opencl_c_versions,
+)
 from svmkit.policy import Policy
 
-__all__ = ["collect", "render_table"]
+__all__ = ["collect", "inventory", "render_table", "versions"]
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +35,7 @@ def _device_entry(device: cl.Device) -> dict[str, Any]:
         entry["name"] = device.name.strip()
         entry["type"] = _device_type(device)
         entry["version"] = device.version.strip()
+        entry["driver_version"] = device.driver_version.strip()
         versions = opencl_c_versions(device)
         entry["opencl_c"] = "{}.{}".format(*max(versions)) if versions else None
         caps = capabilities(device)
@@ -64,15 +75,42 @@ def _device_type(device: cl.Device) -> str:
     return "/".join(kinds) or "other"
 
 
+def versions() -> dict[str, str]:
+    """The versions of svmkit, PyOpenCL, NumPy and Python."""
+    return {
+        "svmkit": __version__,
+        "pyopencl": cl.VERSION_TEXT,
+        "numpy": np.__version__,
+        "python": _platform.python_version(),
+    }
+
+
+def _selected() -> tuple[cl.Device | None, str | None]:
+    """The device ``create_context()`` picks, or why it picks none."""
+    try:
+        return create_context().devices[0], None
+    except Exception as exc:  # reported, not fatal: info lists what exists regardless
+        log.debug("create_context() failed", exc_info=True)
+        return None, f"{type(exc).__name__}: {exc}"
+
+
 def collect() -> dict[str, Any]:
-    """Every platform and device with its SVM capabilities, as plain data (JSON-ready)."""
-    report: dict[str, Any] = {"platforms": []}
+    """Every platform and device with its SVM capabilities, as plain data (JSON-ready).
+
+    ``versions`` names the software, every platform its ``driver_version`` (its devices'
+    driver versions), and ``selected`` the platform and device indices that
+    ``sk.create_context()`` picks (``None``, with ``selection_error``, when it fails).
+    """
+    report: dict[str, Any] = {"versions": versions(), "platforms": [], "selected": None}
     try:
         platforms = cl.get_platforms()
     except Exception as exc:
         report["error"] = f"{type(exc).__name__}: {exc}"
         return report
-    for platform in platforms:
+    chosen, why = _selected()
+    if why is not None:
+        report["selection_error"] = why
+    for p_index, platform in enumerate(platforms):
         pentry: dict[str, Any] = {"devices": []}
         try:
             pentry["name"] = platform.name.strip()
@@ -82,8 +120,32 @@ def collect() -> dict[str, Any]:
             pentry["error"] = f"{type(exc).__name__}: {exc}"
             devices = []
         pentry["devices"] = [_device_entry(d) for d in devices]
+        drivers = sorted({d["driver_version"] for d in pentry["devices"] if "driver_version" in d})
+        pentry["driver_version"] = ", ".join(drivers) or None
+        for d_index, (device, dentry) in enumerate(zip(devices, pentry["devices"])):
+            dentry["selected"] = chosen is not None and device.int_ptr == chosen.int_ptr
+            if dentry["selected"]:
+                report["selected"] = {"platform": p_index, "device": d_index}
         report["platforms"].append(pentry)
     return report
+
+
+def inventory() -> str:
+    """One line naming every platform and its devices with their indices (as
+    ``PYOPENCL_CTX`` takes them), or saying there is none."""
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:
+        return "no OpenCL platform"
+    parts = []
+    for p_index, platform in enumerate(platforms):
+        try:
+            names = [d.name.strip() for d in platform.get_devices()]
+            devices = ", ".join(f"{i}: {name}" for i, name in enumerate(names)) or "no devices"
+        except cl.Error as exc:
+            devices = f"error {exc}"
+        parts.append(f"platform {p_index}: {platform.name.strip()} [{devices}]")
+    return "; ".join(parts) or "no OpenCL platform"
 
 
 def _yes(value: Any) -> str:
@@ -118,13 +180,16 @@ def render_table(report: dict[str, Any]) -> str:
         "policy",
     )
     for p_index, platform in enumerate(report.get("platforms", [])):
-        title = f"Platform {p_index}: {platform.get('name', '?')} ({platform.get('version', '?')})"
-        lines.append(title)
+        title = f"Platform {p_index}: {platform.get('name', '?')} ({platform.get('version', '?')}"
+        if platform.get("driver_version"):
+            title += f", driver {platform['driver_version']}"
+        lines.append(title + ")")
         if "error" in platform:
             lines.append(f"  error: {platform['error']}")
         rows: list[tuple[str, ...]] = [header]
         for d_index, dev in enumerate(platform["devices"]):
-            name = f"{d_index}: {dev.get('name', '?')}"
+            mark = "*" if dev.get("selected") else " "
+            name = f"{mark}{d_index}: {dev.get('name', '?')}"
             if "error" in dev:
                 rows.append((name, f"error: {dev['error']}") + ("",) * (len(header) - 2))
                 continue
@@ -158,4 +223,12 @@ def render_table(report: dict[str, Any]) -> str:
                     "sk.create_context() passes over this device"
                 )
         lines.append("")
+    if report.get("platforms"):
+        if report.get("selected"):
+            lines.append("* the device sk.create_context() picks (PYOPENCL_CTX selects another)")
+        else:
+            lines.append(f"sk.create_context() picks no device: {report.get('selection_error')}")
+    versions = report.get("versions", {})
+    if versions:
+        lines.append(", ".join(f"{name} {version}" for name, version in versions.items()))
     return "\n".join(lines) + "\n"

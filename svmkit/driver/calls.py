@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import pyopencl as cl
-from pyopencl import _cl
+from pyopencl import _cl as _cl  # (re-exported: benchmarks and tests stub it)
 
 from svmkit.driver import entrypoints
 from svmkit.errors import cl_error_name, error_for_name, translate
@@ -88,7 +88,7 @@ def enqueue_marker(queue: cl.CommandQueue, wait: Wait = None) -> cl.Event:
 def enqueue_fill(queue: cl.CommandQueue, dst: Any, pattern: Any, wait: Wait) -> cl.Event:
     """``clEnqueueSVMMemFill`` over exactly the bytes of the SVM pointer object ``dst``."""
     try:
-        return _cl._enqueue_svm_memfill(queue, dst, pattern, None, wait)  # type: ignore[no-any-return]
+        return _cl._enqueue_svm_memfill(queue, dst, pattern, None, wait)
     except cl.Error as exc:
         raise translate(exc, what="clEnqueueSVMMemFill") from exc
 
@@ -96,7 +96,7 @@ def enqueue_fill(queue: cl.CommandQueue, dst: Any, pattern: Any, wait: Wait) -> 
 def enqueue_copy(queue: cl.CommandQueue, dst: Any, src: Any, wait: Wait) -> cl.Event:
     """``clEnqueueSVMMemcpy`` (non-blocking) between SVM pointer objects or host buffers."""
     try:
-        return _cl._enqueue_svm_memcpy(queue, 0, dst, src, wait, None)  # type: ignore[no-any-return]
+        return _cl._enqueue_svm_memcpy(queue, 0, dst, src, wait, None)
     except cl.Error as exc:
         raise translate(exc, what="clEnqueueSVMMemcpy", nbytes=_nbytes(src)) from exc
 
@@ -122,7 +122,7 @@ def enqueue_migrate(
 ) -> cl.Event:
     """``clEnqueueSVMMigrateMem`` of exactly the given SVM pointer objects' bytes."""
     try:
-        return _cl._enqueue_svm_migrate_mem(queue, pointers, flags, wait)  # type: ignore[no-any-return]
+        return _cl._enqueue_svm_migrate_mem(queue, pointers, flags, wait)
     except cl.Error as exc:
         raise translate(exc, what="clEnqueueSVMMigrateMem") from exc
 
@@ -130,7 +130,7 @@ def enqueue_migrate(
 def enqueue_map(queue: cl.CommandQueue, flags: int, svm: Any, wait: Wait) -> cl.Event:
     """``clEnqueueSVMMap`` (non-blocking) of the bytes of the SVM pointer object ``svm``."""
     try:
-        return _cl._enqueue_svm_map(queue, 0, flags, svm, wait or None, None)  # type: ignore[no-any-return]
+        return _cl._enqueue_svm_map(queue, 0, flags, svm, wait or None, None)
     except cl.Error as exc:
         raise translate(exc, what="clEnqueueSVMMap") from exc
 
@@ -149,7 +149,7 @@ def map_and_wait(queue: cl.CommandQueue, flags: int, svm: Any, wait: Wait) -> cl
 def enqueue_unmap(queue: cl.CommandQueue, svm: Any) -> cl.Event:
     """``clEnqueueSVMUnmap`` of a region mapped with :func:`enqueue_map`."""
     try:
-        return _cl._enqueue_svm_unmap(queue, svm, None)  # type: ignore[no-any-return]
+        return _cl._enqueue_svm_unmap(queue, svm, None)
     except cl.Error as exc:
         raise translate(exc, what="clEnqueueSVMUnmap") from exc
 
@@ -164,7 +164,7 @@ def enqueue_kernel(
 ) -> cl.Event:
     """``clSetKernelArg`` for each argument, then ``clEnqueueNDRangeKernel``."""
     try:
-        return kernel(queue, global_size, local_size, *args, wait_for=wait)  # type: ignore[no-any-return]
+        return kernel(queue, global_size, local_size, *args, wait_for=wait)
     except cl.Error as exc:
         raise translate(exc, what=f"enqueueing kernel {kernel.function_name}") from exc
 

@@ -426,4 +426,4 @@ def ring_class(backend: str | None = None) -> Callable[..., RingOps]:
         raise InvalidValueError(
             f"host atomics backend must be 'native' or 'python', got {choice!r}"
         )
-    return native  # type: ignore[no-any-return]
+    return native

@@ -1,0 +1,93 @@
+"""What several test modules share: host threads running one body, fresh interpreters.
+
+Importable as ``_helpers`` (``pythonpath = ["tests"]`` in the pytest configuration).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+__all__ = ["NOISE", "assert_quiet_exit", "run_python", "run_threads"]
+
+#: What must never appear on a child interpreter's stderr.
+NOISE = ("Traceback", "Exception ignored", "Fatal Python error", "Segmentation")
+
+
+def run_threads(
+    target: Callable[[int], object],
+    count: int,
+    *,
+    timeout: float = 120.0,
+    start_together: bool = False,
+) -> None:
+    """Run ``target(i)`` for ``i in range(count)``, each in its own host thread.
+
+    ``start_together``: every thread waits at a barrier before calling ``target``, so
+    they collide.  Fails when a thread is still running after ``timeout`` seconds, and
+    re-raises the first exception a thread raised (any exception: ``AssertionError`` too).
+    """
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(count) if start_together else None
+
+    def body(i: int) -> None:
+        try:
+            if barrier is not None:
+                barrier.wait(timeout)
+            target(i)
+        except BaseException as exc:  # re-raised in the calling thread
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=body, args=(i,), name=f"test-worker-{i}") for i in range(count)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    hung = [t.name for t in threads if t.is_alive()]
+    assert not hung, f"host threads still running after {timeout} s: {hung}"
+    if errors:
+        raise errors[0]
+
+
+def run_python(
+    code: str | None = None,
+    *,
+    args: Sequence[str] = (),
+    env: Mapping[str, str | None] | None = None,
+    timeout: float = 120.0,
+    cwd: str | os.PathLike[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -c code`` (or ``python *args``) in a fresh interpreter; never raises on
+    its exit status.
+
+    The child inherits this environment, with ``env`` applied on top (``None`` removes a
+    variable), ``POCL_DEVICES`` as the suite sets it and the fault handler on.
+    """
+    child = dict(os.environ, PYTHONFAULTHANDLER="1")
+    child.setdefault("POCL_DEVICES", "pthread pthread")
+    for name, value in (env or {}).items():
+        if value is None:
+            child.pop(name, None)
+        else:
+            child[name] = value
+    argv = [sys.executable, *(["-c", code] if code is not None else []), *args]
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, env=child, cwd=cwd, check=False
+    )
+
+
+def assert_quiet_exit(
+    proc: subprocess.CompletedProcess[str], status: int = 0, *, last_line: str | None = None
+) -> None:
+    """``proc`` exited with ``status``, its stdout ends with ``last_line`` (when given) and
+    nothing in :data:`NOISE` reached its stderr."""
+    assert proc.returncode == status, f"exit status {proc.returncode}\n{proc.stderr[-3000:]}"
+    if last_line is not None:
+        assert proc.stdout.strip().endswith(last_line), proc.stdout[-500:]
+    for noise in NOISE:
+        assert noise not in proc.stderr, proc.stderr[-3000:]
