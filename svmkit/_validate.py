@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyopencl as cl
 
+from svmkit import _fork
 from svmkit._queues import default_queue
 from svmkit.errors import (
     CopyOverlapError,
@@ -95,6 +96,8 @@ def check_live(a: SVMArray) -> Allocation:
             f"this {a._describe()} was freed (free(), enqueue_free() or the end of a `with` "
             "block); its memory may already belong to another array"
         )
+    if _fork.forked:
+        _fork.check_owned(alloc.context, f"this {a._describe()}")
     return alloc
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
+from svmkit import _fork
 from svmkit._queues import default_queue
 from svmkit._validate import check_command, check_queue
 from svmkit.errors import InvalidContextError, InvalidValueError, MapStateError, UseAfterFreeError
@@ -186,6 +187,8 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
                 f"this {self._describe()} was freed (free(), enqueue_free() or the end of a "
                 "`with` block); its memory may already belong to another array"
             )
+        if _fork.forked:
+            _fork.check_owned(alloc.context, f"this {self._describe()}")
         return alloc
 
     def _describe(self) -> str:
@@ -407,6 +410,8 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         ordering on every implementation.
         """
         alloc = self._alloc
+        if _fork.forked:
+            _fork.check_owned(alloc.context, f"this {self._describe()}")
         queue = check_queue(queue, alloc.context)  # CL_INVALID_COMMAND_QUEUE / _CONTEXT
         events = check_wait_for(alloc.context, wait_for)
         if alloc.freed:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from svmkit import _fork
 from svmkit._mapstate import MapState
 from svmkit.events import EventRecord
 
@@ -132,6 +133,8 @@ class Allocation:
         """Give the memory back to its resource after recorded commands finish; idempotent."""
         if self.freed:
             return
+        if _fork.forked:  # the parent's memory: never released in a forked child
+            _fork.check_owned(self.context, "this allocation")
         self.freed = True
         if self.nbytes:
             state = self.map_state  # freed inside `mapped`: deallocate after the unmap

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from svmkit import _icd
+from svmkit import _fork, _icd
 from svmkit._percontext import PerContext
 from svmkit.capabilities import capabilities, check_context_layout
 from svmkit.errors import OutOfMemoryError
@@ -52,6 +52,8 @@ class SVMResource(MemoryResource):
     """
 
     def __init__(self, ctx: cl.Context, policy: Policy | None = None) -> None:
+        if _fork.forked:
+            _fork.check_owned(ctx, "this context")
         check_context_layout(ctx)
         if policy is None:
             policy = Policy.best(ctx)
@@ -68,6 +70,8 @@ class SVMResource(MemoryResource):
 
     def allocate(self, nbytes: int, alignment: int = 0) -> Allocation:
         """Allocate ``nbytes`` (0 allocates nothing) aligned to ``alignment`` bytes."""
+        if _fork.forked:
+            _fork.check_owned(self.context, "this SVMResource")
         alignment = check_alignment(alignment, self.capabilities)
         check_size(nbytes, self.capabilities)
         if nbytes == 0:
