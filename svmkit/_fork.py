@@ -82,7 +82,8 @@ def _reinit_lock(value: Any) -> None:
     if isinstance(value, PerContext):
         value = value._lock
     if isinstance(value, _LOCK_TYPES):
-        value._at_fork_reinit()
+        lock: Any = value
+        lock._at_fork_reinit()  # what threading and logging do for their own locks
 
 
 def _after_in_child() -> None:
@@ -108,7 +109,7 @@ def _reset_release_thread() -> None:
         _kept.append(list(pending))
         pending.clear()
     if hasattr(events, "_reaper"):
-        events._reaper = None
+        vars(events)["_reaper"] = None
 
 
 def _reset_registries(modules: list[Any]) -> None:
