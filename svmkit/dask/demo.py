@@ -88,7 +88,7 @@ def run_demo(
             n_workers=workers,
             threads_per_worker=threads,
             processes=True,
-            dashboard_address=None,
+            dashboard_address=":0",
         ) as cluster,
         Client(cluster) as client,
     ):

@@ -117,7 +117,8 @@ class ProgramCache:
     def _build(self, source: str) -> cl.Program | BuildError:
         self.builds += 1
         try:
-            return build_program(self.context, source, options=BUILD_OPTIONS)
+            # past PyOpenCL's binary cache: programs from binaries lose argument info
+            return build_program(self.context, source, options=BUILD_OPTIONS, cache=False)
         except cl.Error as exc:  # PyOpenCL's message carries each device's build log
             return BuildError(
                 f"the OpenCL C source did not build on the worker's device "
