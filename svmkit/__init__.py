@@ -49,6 +49,7 @@ from svmkit.resources import (
     SVMResource,
     TrackingAdaptor,
     current_resource,
+    set_current_resource,
     use_resource,
 )
 from svmkit.resources.debug import DebugAdaptor, debug_enabled, set_debug
@@ -97,6 +98,7 @@ __all__ = [
     "migrate",
     "ones",
     "persistent_grid",
+    "set_current_resource",
     "set_debug",
     "use_resource",
     "zeros",

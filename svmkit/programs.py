@@ -73,12 +73,15 @@ def build_program(
     *,
     options: Iterable[str] = (),
     defines: Mapping[str, Any] | None = None,
+    cache: bool = True,
 ) -> cl.Program:
     """Build OpenCL C ``source`` for every device of ``ctx`` with svmkit's headers.
 
     Adds ``-I kernels_dir()``, the highest ``-cl-std`` every device supports and
     ``SVMKIT_SCOPE`` (see :func:`scope_for`); ``defines`` maps names to values
-    (``{"WQ_ITEM": "int"}``).
+    (``{"WQ_ITEM": "int"}``).  ``cache=False`` builds from source past PyOpenCL's binary
+    cache: a program created from a binary may lack what ``-cl-kernel-arg-info`` keeps
+    (``clGetKernelArgInfo``: ``CL_KERNEL_ARG_INFO_NOT_AVAILABLE``).
 
     A build that succeeds with compiler output (Intel's CPU runtime always reports its
     stages) logs that output on the ``svmkit`` logger at DEBUG level instead of PyOpenCL's
@@ -87,7 +90,9 @@ def build_program(
     program = cl.Program(ctx, source)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", cl.CompilerWarning)
-        program.build(options=build_options(ctx, options, defines))
+        program.build(
+            options=build_options(ctx, options, defines), cache_dir=None if cache else False
+        )
     for warning in caught:
         if not issubclass(warning.category, cl.CompilerWarning):
             warnings.warn_explicit(

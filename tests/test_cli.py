@@ -243,9 +243,37 @@ def test_a_demo_that_is_not_installed_is_a_usage_error(monkeypatch, capsys):
 
 def test_demos_are_a_table_of_modules_with_main():
     assert cli_main.DEMOS["workqueue"] == "svmkit.cli.demo_workqueue"
-    assert cli_main.DEMOS["dask"] == "svmkit.dask.demo_cli"
-    demo = importlib.import_module(cli_main.DEMOS["workqueue"])
-    assert callable(demo.main)
+    assert cli_main.DEMOS["dask"] == "svmkit.dask.demo"
+    for name in ("workqueue", "dask"):
+        demo = importlib.import_module(cli_main.DEMOS[name])
+        assert callable(demo.main)
+
+
+def test_demo_dask_bad_option_is_a_usage_error_naming_it(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "dask", "--chunks", "0"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--chunks" in err and "Traceback" not in err
+
+
+def test_demo_dask_without_dask_says_which_extra(monkeypatch, capsys):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_dask(name, *args, **kwargs):
+        if name.split(".")[0] in ("dask", "distributed"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real_import(name, *args, **kwargs)
+
+    for module in [m for m in sys.modules if m.startswith("svmkit.dask")]:
+        monkeypatch.delitem(sys.modules, module)
+    monkeypatch.setattr(builtins, "__import__", no_dask)
+    assert main(["demo", "dask"]) == 1
+    assert capsys.readouterr().err == (
+        "svmkit demo: demo 'dask' needs Dask: pip install 'svmkit[dask]'\n"
+    )
 
 
 @pytest.mark.parametrize("argv", [[], ["info"], ["demo"], ["bench"]])

@@ -33,6 +33,8 @@ def test_readme_python_blocks_run_in_order():
     assert "[1.5 7.  1.5]" in printed and "CL_MEM_COPY_OVERLAP" in printed
     assert "[9 3 6 0]" in printed  # the kernel followed pointers the host stored
     assert "1000 0 1" in printed and "limit reached: 8388608" in printed
+    assert "matches NumPy: True" in printed  # map_kernel on a real LocalCluster
+    assert "16 pooled allocations" in printed  # two per chunk, from the workers' pools
     caps = namespace["sk"].capabilities(namespace["ctx"])  # type: ignore[attr-defined]
     if caps.fine_grain_buffer and caps.atomics:
         assert "[   9 9801]" in printed

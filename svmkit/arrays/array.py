@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from svmkit.driver import calls
+from svmkit.driver import calls, fork
 from svmkit.errors import InvalidValueError, MapStateError
 from svmkit.events.record import check_wait_for, wait_pending
 from svmkit.events.release import release_after
@@ -179,6 +179,8 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         alloc = self._alloc
         if alloc.freed:
             raise use_after_free(self._describe())
+        if fork.forked:
+            fork.check_owned(alloc.context, f"this {self._describe()}")
         return alloc
 
     def _span(self) -> tuple[int, int]:
@@ -409,6 +411,8 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         ordering on every implementation.
         """
         alloc = self._alloc
+        if fork.forked:
+            fork.check_owned(alloc.context, f"this {self._describe()}")
         queue = check_queue(queue, alloc.context)  # CL_INVALID_COMMAND_QUEUE / _CONTEXT
         events = check_wait_for(alloc.context, wait_for)
         if alloc.freed:

@@ -25,6 +25,7 @@ from svmkit.arrays.creation import _new, asarray, fill_with
 from svmkit.policy import Policy
 from svmkit.resources.base import Allocation, MemoryResource
 from svmkit.resources.debug import DebugAdaptor, Poisoner, debug_enabled
+from svmkit.resources.limiting import LimitingAdaptor
 from svmkit.resources.pool import PoolResource
 from svmkit.resources.svm import SVMResource
 
@@ -44,8 +45,11 @@ def _spec(shape: Any, dtype: Any) -> _Spec:
 class Pool(MemoryResource):
     """A pool of SVM for ``ctx`` under ``policy`` (``None``: ``Policy.best(ctx)``).
 
-    Keyword arguments go to :class:`~svmkit.PoolResource` (``max_cached_bytes``).
-    A ``Pool`` is a memory resource: pass it as ``resource=`` or select it with
+    ``limit_bytes`` puts a :class:`~svmkit.LimitingAdaptor` below the pool, so the limit
+    counts every block the pool holds from the driver, cached ones included (beyond it:
+    :class:`~svmkit.OutOfMemoryError`, after the pool returned its cache).  Other keyword
+    arguments go to :class:`~svmkit.PoolResource` (``max_cached_bytes``).  A ``Pool`` is a
+    memory resource: pass it as ``resource=`` or select it with
     :func:`svmkit.use_resource`.  :meth:`stats` merges the statistics counters with the
     pool's figures (``cached_bytes``, ``fragmented_bytes``, ...).
 
@@ -60,8 +64,18 @@ class Pool(MemoryResource):
         ``None`` when the pool was built with debug mode off.
     """
 
-    def __init__(self, ctx: cl.Context, policy: Policy | None = None, **kw: Any) -> None:
-        self.pool = PoolResource(SVMResource(ctx, policy), **kw)
+    def __init__(
+        self,
+        ctx: cl.Context,
+        policy: Policy | None = None,
+        *,
+        limit_bytes: int | None = None,
+        **kw: Any,
+    ) -> None:
+        upstream: MemoryResource = SVMResource(ctx, policy)
+        if limit_bytes is not None:
+            upstream = LimitingAdaptor(upstream, limit_bytes)
+        self.pool = PoolResource(upstream, **kw)
         self.resource: MemoryResource = self.pool
         self.debug: Poisoner | None = None
         if debug_enabled():  # SVMKIT_DEBUG=1: poison freed blocks (svmkit.resources.debug)

@@ -25,7 +25,7 @@ __all__ = ["DEMOS", "EXIT_INTERRUPTED", "CommandError", "build_parser", "main"]
 #: Demos of ``svmkit demo NAME``: each module has ``main(argv) -> int``, imported on use.
 DEMOS: dict[str, str] = {
     "workqueue": "svmkit.cli.demo_workqueue",
-    "dask": "svmkit.dask.demo_cli",
+    "dask": "svmkit.dask.demo",
 }
 
 #: Benchmark scripts of ``svmkit bench NAME`` (``benchmarks/NAME.py`` of a source checkout).
@@ -108,6 +108,10 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
+        if exc.name is not None and exc.name.split(".")[0] in ("dask", "distributed"):
+            raise CommandError(
+                f"demo {args.demo!r} needs Dask: pip install 'svmkit[dask]'", status=1
+            ) from exc
         if exc.name is None or not module_name.startswith(exc.name):
             raise  # the demo exists but needs something missing: reported as an error
         raise CommandError(

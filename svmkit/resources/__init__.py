@@ -1,7 +1,7 @@
 """Memory resources: raw SVM, pools and adaptors, composed upstream-first (as in RMM)."""
 
 from svmkit.resources.base import Allocation, MemoryResource
-from svmkit.resources.current import current_resource, use_resource
+from svmkit.resources.current import current_resource, set_current_resource, use_resource
 from svmkit.resources.limiting import LimitingAdaptor
 from svmkit.resources.pool import PoolResource
 from svmkit.resources.statistics import StatisticsAdaptor
@@ -17,5 +17,6 @@ __all__ = [
     "StatisticsAdaptor",
     "TrackingAdaptor",
     "current_resource",
+    "set_current_resource",
     "use_resource",
 ]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from svmkit.driver import fork
 from svmkit.events import EventRecord
 from svmkit.events.mapstate import MapState
 
@@ -132,6 +133,8 @@ class Allocation:
         """Give the memory back to its resource after recorded commands finish; idempotent."""
         if self.freed:
             return
+        if fork.forked:  # the parent's memory: never released in a forked child
+            fork.check_owned(self.context, "this allocation")
         self.freed = True
         if self.nbytes:
             state = self.map_state  # freed inside `mapped`: deallocate after the unmap

@@ -2,7 +2,9 @@
 
 ``use_resource`` selects a resource for the context and policy it serves, in the current
 thread or task only (a :mod:`contextvars` variable), for the extent of a ``with`` block.
-Without one, each (context, policy) gets a shared :class:`SVMResource`.
+Without one, each (context, policy) gets the process-wide default: the resource given to
+``set_current_resource`` (RMM's ``set_current_device_resource``), else a shared
+:class:`SVMResource`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from svmkit.policy import Policy
 from svmkit.resources.base import MemoryResource
 from svmkit.resources.svm import SVMResource
 
-__all__ = ["current_resource", "use_resource"]
+__all__ = ["current_resource", "set_current_resource", "use_resource"]
 
 _selected: contextvars.ContextVar[tuple[MemoryResource, ...]] = contextvars.ContextVar(
     "svmkit_resources", default=()
@@ -33,7 +35,8 @@ _defaults_lock = threading.Lock()
 
 def current_resource(ctx: cl.Context, policy: Policy) -> MemoryResource:
     """The resource that serves ``ctx`` and ``policy`` here: the innermost selected by
-    :func:`use_resource`, else the shared default (a raw :class:`SVMResource`)."""
+    :func:`use_resource`, else the process-wide default (:func:`set_current_resource`,
+    else a shared raw :class:`SVMResource`)."""
     for selected in reversed(_selected.get()):
         if selected.serves(ctx, policy):
             return selected
@@ -47,6 +50,23 @@ def current_resource(ctx: cl.Context, policy: Policy) -> MemoryResource:
         if resource is None:
             resource = per_context[policy] = SVMResource(ctx, policy)
     return resource
+
+
+def set_current_resource(resource: MemoryResource) -> MemoryResource | None:
+    """Make ``resource`` the process-wide default for its context and policy.
+
+    Every thread and task of the process then draws from it (RMM's
+    ``set_current_device_resource``), except inside :func:`use_resource` blocks, which
+    override it.  Other contexts and policies keep their default.  Returns the default
+    that was set before, or ``None`` where there was none yet.
+    """
+    if not isinstance(resource, MemoryResource):
+        raise InvalidValueError(f"set_current_resource needs a memory resource, got {resource!r}")
+    with _defaults_lock:
+        per_context = _defaults.setdefault(resource.context, {})
+        previous = per_context.get(resource.policy)
+        per_context[resource.policy] = resource
+    return previous
 
 
 @contextmanager

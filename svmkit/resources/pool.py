@@ -16,6 +16,7 @@ from typing import Any
 
 import pyopencl as cl
 
+from svmkit.driver import fork
 from svmkit.errors import InvalidValueError, OutOfMemoryError
 from svmkit.events import shutting_down
 from svmkit.policy import check_alignment, check_size
@@ -104,6 +105,8 @@ class PoolResource(MemoryResource):
     # -- allocation ------------------------------------------------------------------------
     def allocate(self, nbytes: int, alignment: int = 0) -> Allocation:
         """A block of at least ``nbytes`` bytes, from the cache when one is free to reuse."""
+        if fork.forked:
+            fork.check_owned(self.context, f"this {type(self).__name__}")
         cls = self._classes.get(nbytes)
         if not cls:  # first sight of this size, zero bytes or too large to pool
             return self._allocate_new_size(nbytes, alignment)
@@ -241,6 +244,8 @@ class PoolResource(MemoryResource):
     def trim(self) -> int:
         """Return every cached block upstream (pending ones once their events complete);
         the number of bytes given back."""
+        if fork.forked:
+            fork.check_owned(self.context, f"this {type(self).__name__}")
         return self._release_cache(wait=False)
 
     def _release_cache(self, *, wait: bool) -> int:
@@ -266,6 +271,8 @@ class PoolResource(MemoryResource):
         ``upstream_bytes`` (everything held from upstream), ``live_allocations``,
         ``cached_blocks``, ``upstream_allocations`` (blocks ever taken from upstream).
         """
+        if fork.forked:
+            fork.check_owned(self.context, f"this {type(self).__name__}")
         with self._lock:
             free = self._free
             block_bytes = self._upstream_bytes - free.cached_bytes
@@ -288,6 +295,8 @@ class PoolResource(MemoryResource):
         ``current_bytes``, ``peak_bytes``, ``total_bytes``, ``current_allocations``,
         ``peak_allocations``, ``total_allocations`` (bytes asked for; a consistent
         snapshot)."""
+        if fork.forked:
+            fork.check_owned(self.context, f"this {type(self).__name__}")
         with self._lock:
             return self._counts.snapshot()
 

@@ -10,7 +10,7 @@ import numpy as np
 import pyopencl as cl
 
 from svmkit.capabilities import capabilities, check_context_layout
-from svmkit.driver import calls
+from svmkit.driver import calls, fork
 from svmkit.driver.per_context import PerContext
 from svmkit.errors import OutOfMemoryError
 from svmkit.events import release_after
@@ -52,6 +52,8 @@ class SVMResource(MemoryResource):
     """
 
     def __init__(self, ctx: cl.Context, policy: Policy | None = None) -> None:
+        if fork.forked:
+            fork.check_owned(ctx, "this context")
         check_context_layout(ctx)
         if policy is None:
             policy = Policy.best(ctx)
@@ -68,6 +70,8 @@ class SVMResource(MemoryResource):
 
     def allocate(self, nbytes: int, alignment: int = 0) -> Allocation:
         """Allocate ``nbytes`` (0 allocates nothing) aligned to ``alignment`` bytes."""
+        if fork.forked:
+            fork.check_owned(self.context, "this SVMResource")
         alignment = check_alignment(alignment, self.capabilities)
         check_size(nbytes, self.capabilities)
         if nbytes == 0:

@@ -1,0 +1,123 @@
+"""Kernel parameter types: OpenCL C type names to NumPy, and scalars converted to them.
+
+``clGetKernelArgInfo(CL_KERNEL_ARG_TYPE_NAME)`` (OpenCL 1.2, available when a program is
+built with ``-cl-kernel-arg-info``) names each parameter's type ("float*", "uint").  The
+spec's scalar data types (OpenCL C 6.1.1) map to NumPy's fixed-size types; a scalar
+argument is converted to its parameter's type, refusing values the type cannot hold
+(``CL_INVALID_ARG_VALUE``) instead of truncating them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from svmkit.errors import InvalidValueError
+
+__all__ = [
+    "ARRAY_KINDS",
+    "c_type_of",
+    "check_scalar",
+    "convert_scalar",
+    "dtype_of",
+    "fallback_dtype",
+    "pointee",
+]
+
+_C_TYPES: dict[str, np.dtype[Any]] = {
+    name: np.dtype(dt)
+    for names, dt in (
+        (("char", "signed char"), np.int8),
+        (("uchar", "unsigned char"), np.uint8),
+        (("short",), np.int16),
+        (("ushort", "unsigned short"), np.uint16),
+        (("int",), np.int32),
+        (("uint", "unsigned int", "unsigned"), np.uint32),
+        (("long",), np.int64),
+        (("ulong", "unsigned long"), np.uint64),
+        (("half",), np.float16),
+        (("float",), np.float32),
+        (("double",), np.float64),
+        (("size_t", "uintptr_t"), np.uintp),
+        (("ptrdiff_t", "intptr_t"), np.intp),
+    )
+    for name in names
+}
+_QUALIFIERS = {"const", "volatile", "restrict", "__global", "global", "__constant", "constant"}
+ARRAY_KINDS = "iuf"
+"""NumPy kinds map_kernel moves: signed and unsigned integers, floating point."""
+
+
+def dtype_of(type_name: str) -> np.dtype[Any] | None:
+    """The NumPy dtype of a scalar OpenCL C type name, or None (vector, struct...)."""
+    words = [w for w in type_name.replace("*", " ").split() if w not in _QUALIFIERS]
+    return _C_TYPES.get(" ".join(words))
+
+
+def pointee(type_name: str) -> np.dtype[Any] | None:
+    """The element dtype of a pointer parameter ("float*"), or None if not a known one."""
+    if not type_name.rstrip().endswith("*"):
+        return None
+    return dtype_of(type_name.rstrip()[:-1])
+
+
+def c_type_of(dtype: np.dtype[Any]) -> str:
+    """The OpenCL C name of a NumPy dtype (for messages)."""
+    for name, dt in _C_TYPES.items():
+        if dt == dtype:
+            return name
+    return str(dtype)
+
+
+def check_scalar(value: Any, index: int) -> None:
+    """Refuse a scalar that is not a real number (client side, before any graph runs)."""
+    ok = (
+        value.dtype.kind in "biuf"
+        if isinstance(value, np.generic)
+        else isinstance(value, (bool, int, float))
+    )
+    if not ok:
+        raise InvalidValueError(
+            f"scalar argument {index} must be a real number (int, float, bool or a NumPy "
+            f"scalar), got {type(value).__name__} {value!r}",
+            cl_error="CL_INVALID_ARG_VALUE",
+        )
+
+
+def convert_scalar(value: Any, dtype: np.dtype[Any], where: str) -> np.generic:
+    """``value`` as a scalar of ``dtype``; InvalidValueError if it cannot hold it exactly
+    (an integer out of range, a fraction for an integer type, a float beyond the range).
+    """
+    if dtype.kind in "iu":
+        integral = isinstance(value, (bool, int, np.integer, np.bool_)) or (
+            isinstance(value, (float, np.floating)) and float(value).is_integer()
+        )
+        info = np.iinfo(dtype)
+        if not integral or not info.min <= int(value) <= info.max:
+            raise InvalidValueError(
+                f"{where} has type {c_type_of(dtype)}, which cannot hold {value!r} "
+                f"(integers from {info.min} to {info.max})",
+                cl_error="CL_INVALID_ARG_VALUE",
+            )
+        return dtype.type(int(value))  # type: ignore[no-any-return]
+    with np.errstate(over="ignore"):
+        converted = dtype.type(value)
+    if np.isinf(converted) and not np.isinf(float(value)):
+        raise InvalidValueError(
+            f"{where} has type {c_type_of(dtype)}, which cannot hold {value!r} (out of range)",
+            cl_error="CL_INVALID_ARG_VALUE",
+        )
+    return converted  # type: ignore[no-any-return]
+
+
+def fallback_dtype(value: Any, out_dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """A scalar's type where the driver gives no argument info: NumPy scalars keep
+    theirs; Python integers are ``int`` (``long`` if too large); Python floats take the
+    output's floating type, else ``float``."""
+    if isinstance(value, np.generic):
+        return value.dtype
+    if isinstance(value, (bool, int)):
+        info = np.iinfo(np.int32)
+        return np.dtype(np.int32 if info.min <= value <= info.max else np.int64)
+    return out_dtype if out_dtype.kind == "f" else np.dtype(np.float32)

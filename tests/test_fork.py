@@ -1,0 +1,212 @@
+"""Processes started after svmkit was used: fork children refuse the parent's objects.
+
+A child forked from a process that used a context must get
+:class:`~svmkit.InvalidContextError` naming the parent process for every use of the
+parent's arrays, pools and contexts (never a hang or a crash), must never run the
+parent's pending releases, and must be able to create and use a context of its own.
+``spawn`` children start clean.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue as queue_mod
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+import svmkit as sk
+
+CHILD_TIMEOUT_S = 120
+DOUBLE = "__kernel void twice(__global float *o, __global const float *i) {\n" + (
+    "  size_t k = get_global_id(0); o[k] = 2.0f * i[k]; }"
+)
+
+
+def _in_child(method: str, target: Callable[..., None], *args: Any) -> dict[str, Any]:
+    """Run ``target(results, *args)`` in a child started with ``method``; its results."""
+    context: Any = mp.get_context(method)
+    results = context.Queue()
+    child = context.Process(target=target, args=(results, *args))
+    child.start()
+    child.join(CHILD_TIMEOUT_S)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail(f"the {method} child hung (killed after {CHILD_TIMEOUT_S} s)")
+    out: dict[str, Any] = {}
+    while True:
+        try:
+            key, value = results.get(timeout=1)
+        except queue_mod.Empty:
+            break
+        out[key] = value
+    assert child.exitcode == 0, (child.exitcode, out)
+    return out
+
+
+def _outcome(fn: Callable[[], Any]) -> tuple[str, str]:
+    """``(exception class name, message)`` of ``fn()``, or ``("ok", repr(result))``."""
+    try:
+        return "ok", repr(fn())
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+
+
+def _own_context_works(results: Any) -> None:
+    """Create a context, build, launch, free through the release thread."""
+    ctx = sk.create_context()
+    q = cl.CommandQueue(ctx)
+    knl = sk.build_program(ctx, DOUBLE).twice
+    src = sk.asarray(ctx, np.arange(256, dtype=np.float32))
+    dst = sk.empty(ctx, 256, np.float32)
+    sk.launch(q, knl, (256,), None, dst, src)
+    results.put(("doubled", dst.get(q).tolist()))
+    called: list[int] = []
+    done = dst.enqueue_free(q, callback=lambda _q, arrays: called.append(len(arrays)))
+    done.wait()
+    src.free()
+    results.put(("own_drain", sk.events.drain(30)))
+    results.put(("own_callback", called))
+    pool = sk.Pool(ctx)
+    for _ in range(3):
+        pool.empty(1000, np.float32).free()
+    results.put(("own_pool", pool.stats()["upstream_allocations"]))
+
+
+def test_fork_child_refuses_the_parents_objects_and_makes_its_own(
+    ctx: cl.Context, policy: sk.Policy
+) -> None:
+    q = cl.CommandQueue(ctx)
+    pool = sk.Pool(ctx, policy)
+    a = pool.empty(1000, np.float32)
+    a.set(np.arange(1000, dtype=np.float32), q)
+    b = sk.empty(ctx, 8, np.float32, policy=policy)
+
+    def child(results: Any) -> None:
+        uses: dict[str, Callable[[], Any]] = {
+            "get": lambda: a.get(q),
+            "set": lambda: a.set(np.zeros(1000, np.float32), q),
+            "fill": lambda: sk.fill(q, a, 1.0),
+            "copy": lambda: sk.copy(q, b, a[:8]),
+            "free": a.free,
+            "enqueue_free": lambda: b.enqueue_free(q),
+            "pool.empty": lambda: pool.empty(10, np.float32),
+            "pool.trim": pool.trim,
+            "pool.stats": pool.stats,
+            "sk.empty(parent ctx)": lambda: sk.empty(ctx, 10, policy=policy),
+            "Pool(parent ctx)": lambda: sk.Pool(ctx, policy).empty(4),
+        }
+        for name, use in uses.items():
+            results.put((name, _outcome(use)))
+        _own_context_works(results)
+
+    out = _in_child("fork", child)
+    for name in (
+        "get",
+        "set",
+        "fill",
+        "copy",
+        "free",
+        "enqueue_free",
+        "pool.empty",
+        "pool.trim",
+        "pool.stats",
+        "sk.empty(parent ctx)",
+        "Pool(parent ctx)",
+    ):
+        kind, message = out[name]
+        assert kind == "InvalidContextError", (name, kind, message)
+        assert "belongs to the parent process" in message, (name, message)
+    assert out["doubled"] == (2 * np.arange(256, dtype=np.float32)).tolist()
+    assert out["own_drain"] is True
+    assert out["own_callback"] == [1]
+    assert out["own_pool"] == 1
+    # the parent's objects are untouched by the child's attempts
+    np.testing.assert_array_equal(a.get(q), np.arange(1000, dtype=np.float32))
+    assert not a.freed and not b.freed
+    assert pool.stats()["total_allocations"] == 1
+    a.free()
+    b.free()
+
+
+def test_fork_child_never_runs_the_parents_pending_release(ctx: cl.Context) -> None:
+    q = cl.CommandQueue(ctx)
+    gate = cl.UserEvent(ctx)
+    a = sk.empty(ctx, 64, np.float32)
+    parent_calls: list[int] = []
+    a.enqueue_free(q, callback=lambda _q, arrays: parent_calls.append(len(arrays)), wait_for=[gate])
+
+    def child(results: Any) -> None:
+        # The parent's release waits on `gate`, which nothing completes here: running it
+        # (or waiting for it) would hang; the child's own releases must still run.
+        _own_context_works(results)
+
+    try:
+        out = _in_child("fork", child)
+    finally:
+        gate.set_status(cl.command_execution_status.COMPLETE)
+    assert out["own_callback"] == [1]
+    assert out["own_drain"] is True
+    assert sk.events.drain(30)
+    assert parent_calls == [1]
+
+
+def test_fork_child_counts_every_context_used_before_the_fork(ctx: cl.Context) -> None:
+    """Contexts svmkit used in the parent are the parent's; the child's new one is not."""
+
+    def child(results: Any) -> None:
+        from svmkit.driver import fork as _fork
+
+        results.put(("session ctx", ctx in _fork.parent_contexts))
+        results.put(("forked", _fork.forked))
+        own = sk.create_context()
+        results.put(("own ctx", own in _fork.parent_contexts))
+        with sk.empty(own, 4, np.float32) as a:
+            a.set(np.arange(4, dtype=np.float32))
+            results.put(("own array", a.get().tolist()))
+
+    out = _in_child("fork", child)
+    assert out["session ctx"] is True
+    assert out["forked"] is True
+    assert out["own ctx"] is False
+    assert out["own array"] == [0.0, 1.0, 2.0, 3.0]
+
+
+_SPAWN_CHILD = """
+import numpy as np, pyopencl as cl, svmkit as sk
+from svmkit.driver import fork as _fork
+ctx = sk.create_context()
+q = cl.CommandQueue(ctx)
+knl = sk.build_program(ctx, DOUBLE).twice
+pool = sk.Pool(ctx)
+src = pool.asarray(np.arange(256, dtype=np.float32))
+dst = pool.empty(256, np.float32)
+sk.launch(q, knl, (256,), None, dst, src)
+results.put(("doubled", dst.get(q).tolist()))
+results.put(("forked", _fork.forked))
+"""
+
+
+def test_spawn_child_uses_svmkit_normally(ctx: cl.Context) -> None:
+    with sk.empty(ctx, 16, np.float32) as kept:
+        kept.set(np.ones(16, np.float32))
+        context = mp.get_context("spawn")
+        results = context.Queue()
+        # exec is picklable by reference, so the child needs no importable test module
+        child = context.Process(
+            target=exec, args=(_SPAWN_CHILD, {"results": results, "DOUBLE": DOUBLE})
+        )
+        child.start()
+        child.join(CHILD_TIMEOUT_S)
+        if child.is_alive():
+            child.kill()
+            pytest.fail("the spawn child hung")
+        assert child.exitcode == 0
+        out = dict(results.get(timeout=5) for _ in range(2))
+        np.testing.assert_array_equal(kept.get(), np.ones(16, np.float32))
+    assert out["doubled"] == (2 * np.arange(256, dtype=np.float32)).tolist()
+    assert out["forked"] is False
