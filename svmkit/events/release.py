@@ -13,6 +13,7 @@ time and then stops releasing.
 from __future__ import annotations
 
 import collections
+import gc
 import logging
 import queue
 import threading
@@ -26,6 +27,7 @@ from svmkit.events.record import is_complete
 
 __all__ = [
     "EXIT_WAIT_SECONDS",
+    "collecting",
     "drain",
     "ensure_release_thread",
     "release_after",
@@ -56,6 +58,29 @@ class _Marker:
 
     def __init__(self) -> None:
         self.done = threading.Event()
+
+
+_collections = 0  # garbage collections in progress (gc.callbacks)
+
+
+def _gc_phase(phase: str, info: dict[str, Any]) -> None:
+    global _collections
+    _collections = _collections + 1 if phase == "start" else max(0, _collections - 1)
+
+
+gc.callbacks.append(_gc_phase)
+
+
+def collecting() -> bool:
+    """Whether a garbage collection is running: a finaliser then may have interrupted
+    any code, a pool holding its lock included, and must not take locks."""
+    return _collections > 0
+
+
+def release_thread_running() -> bool:
+    """Whether the release thread runs (:func:`release_soon` needs it)."""
+    reaper = _reaper
+    return reaper is not None and reaper.is_alive()
 
 
 def shutting_down() -> bool:
