@@ -133,5 +133,3 @@ def test_numpy_floor_is_2_1():
     data = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     deps = data["project"]["dependencies"]
     assert "numpy>=2.1" in deps and "mako" in deps
-
-

@@ -254,9 +254,7 @@ def test_out_of_memory_collects_exports_and_reports_what_they_hold(ctx: cl.Conte
     b.free()
     with pytest.raises(sk.OutOfMemoryError) as info:
         sk.empty(ctx, 1 << 20, np.uint8, resource=pool)
-    assert f"{(1 << 20) - 4096} bytes of freed arrays still held by live exports" in str(
-        info.value
-    )
+    assert f"{(1 << 20) - 4096} bytes of freed arrays still held by live exports" in str(info.value)
     assert exports.exported_bytes() >= (1 << 20) - 4096
     del kept
 

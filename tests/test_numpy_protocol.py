@@ -37,7 +37,10 @@ def test_operators_give_svm_arrays_from_the_current_resource(ctx, pool):
         "pow": (a**2, np.arange(6) ** 2),
         "neg": (-a, -np.arange(6)),
         "sqrt": (np.sqrt(a), np.sqrt(np.arange(6))),
-        "broadcast": (a.reshape(2, 3) + np.array([1, 2, 3]), np.arange(6).reshape(2, 3) + [1, 2, 3]),
+        "broadcast": (
+            a.reshape(2, 3) + np.array([1, 2, 3]),
+            np.arange(6).reshape(2, 3) + [1, 2, 3],
+        ),
     }
     for name, (got, want) in results.items():
         assert isinstance(got, sk.SVMArray), name
@@ -186,5 +189,3 @@ def test_unpickling_in_a_fresh_process_uses_its_default_context(ctx, pool, tmp_p
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["SVMArray", "Policy(FINE)", "[0.0,", "1.0,", "2.0,", "3.0]"]
-
-

@@ -232,7 +232,8 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         """
         self._check_host_access()
         if self._alloc.policy.needs_map:
-            return self._view.view()
+            view: np.ndarray[Any, Any] = self._view.view()
+            return view
         return host_export(self._alloc, self._view, self._offset)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
@@ -600,7 +601,6 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         from svmkit.interop.cl_array import to_cl_array
 
         return to_cl_array(self, queue)
-
 
 
 def _adopt_operators(cls: type) -> None:

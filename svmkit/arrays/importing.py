@@ -32,7 +32,9 @@ def svm_of_cl_array(ctx: cl.Context, obj: Any) -> SVMArray | None:
     other PyOpenCL array, or one whose SVMArray was freed)."""
     data = obj.base_data
     mem = data.mem if isinstance(data, cl.SVM) else None
-    owner = mem
+    if not isinstance(mem, np.ndarray):
+        return None
+    owner: Any = mem
     while isinstance(owner, np.ndarray) and getattr(owner, "record", None) is None:
         owner = owner.base
     if not isinstance(owner, HostOwner):

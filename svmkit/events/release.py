@@ -184,7 +184,9 @@ def drain(timeout: float | None = None) -> bool:
     if reaper is not None and reaper.is_alive() and threading.current_thread() is not reaper:
         marker = _Marker()
         _inbox.put(marker)
-        if not marker.done.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+        if not marker.done.wait(
+            None if deadline is None else max(0.0, deadline - time.monotonic())
+        ):
             return False
     with _releases_cond:
         while _releases or _busy:

@@ -14,7 +14,7 @@ drawing from a svmkit resource (a pool, by default the current one), as RMM's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyopencl as cl
@@ -127,5 +127,3 @@ def cl_allocator(queue: cl.CommandQueue, resource: MemoryResource | None = None)
     allocation, the current resource for the queue's context and
     ``Policy.best(ctx, system=False)``); releases order after a marker on ``queue``."""
     return CLAllocator(queue, resource)
-
-

@@ -62,7 +62,7 @@ def dlpack(
         raise BufferError(
             f"a coarse-grain {a._describe()} lives on the device and the host may touch it "
             "only while mapped: export the view `with svmkit.mapped(queue, a) as h:` "
-            "yields, or ask for a host copy with np.from_dlpack(a, device=\"cpu\")"
+            'yields, or ask for a host copy with np.from_dlpack(a, device="cpu")'
         )
     if not wants_cpu:
         raise BufferError(

@@ -39,7 +39,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyopencl as cl
@@ -71,10 +71,12 @@ class HostOwner(np.ndarray):  # type: ignore[type-arg]
     """The uint8 array every host export of one allocation is a view of (see module doc)."""
 
     __slots__ = ("record",)
+    record: ExportRecord
 
 
 class _OwnerRef(weakref.ref):  # type: ignore[type-arg]
     __slots__ = ("record",)
+    record: ExportRecord
 
 
 def _owner_died(ref: _OwnerRef) -> None:
@@ -152,7 +154,7 @@ def export_base(alloc: Allocation) -> HostOwner:
         ref = record.owner_ref
         owner = ref() if ref is not None else None
         if owner is not None and not alloc.freed:
-            return owner  # a live owner holds a count: a free from now on defers
+            return cast(HostOwner, owner)  # a live owner holds a count: frees now defer
     return _new_owner(alloc)
 
 
@@ -173,15 +175,15 @@ def _new_owner(alloc: Allocation) -> HostOwner:
         owner = ref() if ref is not None else None
         if owner is not None:  # another thread made one meanwhile
             record.count -= 1
-            return owner
-        buffer = (ctypes.c_uint8 * alloc.nbytes).from_address(alloc.ptr)
-        owner = np.ndarray.__new__(HostOwner, (alloc.nbytes,), np.uint8, buffer=buffer)
-        owner.record = record
-        new_ref = _OwnerRef(owner, _owner_died)
+            return cast(HostOwner, owner)
+        buffer: Any = (ctypes.c_uint8 * alloc.nbytes).from_address(alloc.ptr)
+        made = cast(HostOwner, np.ndarray.__new__(HostOwner, (alloc.nbytes,), np.uint8, buffer))
+        made.record = record
+        new_ref = _OwnerRef(made, _owner_died)
         new_ref.record = record
         record.owner_ref = new_ref
         record.alloc = alloc
-        return owner
+        return made
 
 
 def host_export(
@@ -189,10 +191,12 @@ def host_export(
 ) -> np.ndarray[Any, Any]:
     """A NumPy view like ``template`` (shape, dtype, strides), ``offset`` bytes into
     ``alloc``, that keeps the allocation's memory alive (an export)."""
+    view: np.ndarray[Any, Any]
     if not alloc.nbytes:
-        return template.view()  # a zero-byte allocation has no memory to keep
+        view = template.view()  # a zero-byte allocation has no memory to keep
+        return view
     owner = export_base(alloc)
-    view: np.ndarray[Any, Any] = np.ndarray(
+    view = np.ndarray(
         template.shape, template.dtype, buffer=owner, offset=offset, strides=template.strides
     )
     return view
