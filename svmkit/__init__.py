@@ -36,6 +36,7 @@ from svmkit.errors import (
     UnsupportedError,
     UseAfterFreeError,
 )
+from svmkit.interop.cl_array import cl_allocator
 from svmkit.mapping import mapped
 from svmkit.ops import copy, fill, launch, migrate
 from svmkit.policy import Access, Granularity, Policy
@@ -84,6 +85,7 @@ __all__ = [
     "asarray",
     "build_program",
     "capabilities",
+    "cl_allocator",
     "copy",
     "create_context",
     "current_resource",

@@ -123,7 +123,8 @@ class Mapping:
         a = self._array
         alloc = a._live()
         check_wait_status(self._wait, "mapped()")
-        view = a._view
+        # FINE/SYSTEM: an export (it keeps the memory alive); COARSE: valid in the block only
+        view = a._view if alloc.policy.needs_map else a.host
         if self._flags == _READ:
             view = view.view()
             view.flags.writeable = False

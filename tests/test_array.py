@@ -228,7 +228,7 @@ def test_free_waits_for_a_running_kernel_without_blocking(ctx, program, monkeypa
 
     queue = cl.CommandQueue(ctx)
     knl = cl.Kernel(program, "spin_then_write")
-    a = sk.zeros(ctx, 4, np.int32, policy=sk.Policy.coarse())
+    a = sk.zeros(ctx, 4, np.int32, resource=sk.SVMResource(ctx, sk.Policy.coarse()))
     event = knl(queue, (1,), None, a, np.int32(30_000_000))
     a.record(event)
 
@@ -273,7 +273,7 @@ def test_repr_does_not_touch_memory(ctx):
 def test_get_and_set_wait_for_work_another_thread_completes(ctx, queue):
     # A blocking copy in PyOpenCL holds the GIL; get/set must still let the thread that
     # completes the recorded event run.
-    a = sk.zeros(ctx, 4, np.int32, policy=sk.Policy.coarse())
+    a = sk.zeros(ctx, 4, np.int32, resource=sk.SVMResource(ctx, sk.Policy.coarse()))
     for action in (lambda: a.set([5, 6, 7, 8], queue), lambda: a.get(queue)):
         gate = cl.UserEvent(ctx)
         a.record(gate)

@@ -3,6 +3,7 @@ creation stack of the freed allocation."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import subprocess
 import sys
@@ -39,11 +40,16 @@ def test_off_by_default_pays_nothing(ctx, monkeypatch):
     assert debugged.resource.upstream is debugged.pool and debugged.debug is not None
 
 
+def raw_int32(ptr: int, n: int) -> np.ndarray:
+    """A NumPy view of ``n`` int32 at ``ptr`` that is no export (it keeps nothing alive)."""
+    return np.ctypeslib.as_array((ctypes.c_int32 * n).from_address(ptr))
+
+
 @pytest.mark.needs("fine")
 def test_host_sees_poison_after_free_and_a_write_is_reported(ctx, queue, debug_on, caplog):
     pool = sk.Pool(ctx, sk.Policy.fine())
     a = make_victim(pool)
-    stale = a.host  # a NumPy view kept past free: the bug debug mode is for
+    stale = raw_int32(a.ptr, 64)  # a raw address kept past free: the bug debug mode is for
     a.free()
     assert events.drain(10.0)
     np.testing.assert_array_equal(stale, np.full(64, DEADBEEF))  # recognisable pattern
@@ -58,6 +64,26 @@ def test_host_sees_poison_after_free_and_a_write_is_reported(ctx, queue, debug_o
     assert "make_victim" in message and "test_debug.py" in message
     assert pool.debug is not None and pool.debug.reports == [message]
     assert "use after free detected" in caplog.text
+
+
+@pytest.mark.needs("fine")
+def test_poison_waits_for_the_last_export(ctx, debug_on):
+    pool = sk.Pool(ctx, sk.Policy.fine())
+    a = make_victim(pool)
+    ptr = a.ptr
+    export = a.host  # an export: the memory is really returned only when it goes
+    a.free()
+    assert events.drain(10.0)
+    np.testing.assert_array_equal(raw_int32(ptr, 64), np.ones(64, np.int32))  # not poisoned
+    export[5] = 42  # a write through a live export is a write to memory it still holds
+    b = pool.empty(64, np.int32)
+    assert pool.debug is not None
+    assert b.ptr != ptr and pool.debug.reports == []
+    del export
+    assert events.drain(10.0)
+    np.testing.assert_array_equal(raw_int32(ptr, 64), np.full(64, DEADBEEF))  # returned now
+    c = pool.empty(64, np.int32)  # the block comes back with its poison intact
+    assert c.ptr == ptr and pool.debug.reports == []
 
 
 @pytest.mark.needs("coarse")

@@ -763,8 +763,8 @@ class SVMMachine(RuleBasedStateMachine):
             np.testing.assert_array_equal(got[alloc.known], alloc.data[alloc.known])
 
     def teardown(self) -> None:
-        for om in list(self.maps):
-            self.close_map(om)
+        while self.maps:  # (no loop variable left holding a map's view: an export)
+            self.close_map(self.maps[-1])
         for alloc in self.allocs:
             alloc.base.free()
         self.handles.clear()

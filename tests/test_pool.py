@@ -288,13 +288,23 @@ def test_pool_arrays_get_fresh_views(ctx: cl.Context) -> None:
     a.host[:] = 3
     view = a.host
     a.free()
-    b = pool.empty(8, np.int32)
-    assert b.host is not view and b.ptr == view.ctypes.data
+    b = pool.empty(8, np.int32)  # the block stays a's while its host view lives
+    assert b.ptr != view.ctypes.data
+    b.host[:] = 5
+    view[:] = -1
+    assert list(b.host) == [5] * 8
+    address = view.ctypes.data
+    del view
+    assert drain(10.0)
+    c = pool.empty(8, np.int32)  # the view gone, the block is reused...
+    assert c.ptr == address
+    c_view = c.host
     with warnings.catch_warnings():  # NumPy 2.5 deprecates setting .shape in place
         warnings.simplefilter("ignore", DeprecationWarning)
-        view.shape = (2, 4)  # changing a stale view never reaches the next user's array
-    assert b.shape == (8,) and b.host.shape == (8,)
+        c_view.shape = (2, 4)  # changing one view never reaches the array
+    assert c.shape == (8,) and c.host.shape == (8,)
     b.free()
+    c.free()
 
 
 def test_tracking_lists_outstanding_allocations_with_stacks(ctx: cl.Context) -> None:

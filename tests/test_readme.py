@@ -35,6 +35,12 @@ def test_readme_python_blocks_run_in_order():
     assert "1000 0 1" in printed and "limit reached: 8388608" in printed
     assert "matches NumPy: True" in printed  # map_kernel on a real LocalCluster
     assert "16 pooled allocations" in printed  # two per chunk, from the workers' pools
+    assert "[ 49. 225. 529.] 12488.0" in printed  # NumPy on pooled SVM, then a kernel
+    assert "1000000.0" in printed and "5.0" in printed  # pyopencl.array reductions
+    if namespace["y"].policy.needs_map:  # type: ignore[attr-defined]
+        assert "[0. 1. 2. 3.]" in printed
+    else:
+        assert "[10.  1.  2.  3.]" in printed  # the DLPack export outlived free()
     caps = namespace["sk"].capabilities(namespace["ctx"])  # type: ignore[attr-defined]
     if caps.fine_grain_buffer and caps.atomics:
         assert "[   9 9801]" in printed

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyopencl as cl
+from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from svmkit.driver import calls, fork
 from svmkit.errors import InvalidValueError, MapStateError
@@ -24,6 +25,7 @@ from svmkit.events.record import check_wait_for, wait_pending
 from svmkit.events.release import release_after
 from svmkit.policy import Policy
 from svmkit.resources.base import Allocation
+from svmkit.resources.exports import host_export
 from svmkit.rules import check_command, check_queue, is_contiguous, use_after_free
 
 __all__ = ["SVMArray", "byte_extent"]
@@ -70,7 +72,11 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
     * ``host`` is a NumPy view of the memory: always for FINE and SYSTEM granularity; for
       COARSE only while ``svmkit.mapped`` covers every byte (spec: the host may touch a
       coarse-grain buffer only between ``clEnqueueSVMMap`` and ``clEnqueueSVMUnmap``).
-    * ``free()`` gives memory back only after every command svmkit recorded on it finished.
+    * ``free()`` gives memory back only after every command svmkit recorded on it finished
+      and every export of it (host views, DLPack capsules, PyOpenCL arrays) is gone.
+    * NumPy protocol, DLPack, pickling and PyOpenCL arrays: :mod:`svmkit.interop` (the
+      methods below delegate there).  Comparisons are elementwise, so an SVMArray is
+      unhashable (as a NumPy array).
     """
 
     __slots__ = ("_alloc", "_offset", "_view", "base")
@@ -228,20 +234,29 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
 
     @property
     def host(self) -> np.ndarray[Any, Any]:
-        """A NumPy view of the memory (COARSE: only while mapped, else MapStateError)."""
+        """A NumPy view of the memory (COARSE: only while mapped, else MapStateError).
+
+        FINE and SYSTEM: an *export* (:mod:`svmkit.resources.exports`): the view, and every
+        view of it, keeps the memory alive after ``free()``.  COARSE: valid only inside
+        the ``mapped`` block (the spec gives the host no access to unmapped coarse-grain
+        memory); svmkit cannot stop a write through one kept past the block.
+        """
         self._check_host_access()
-        return self._view
+        if self._alloc.policy.needs_map:
+            view: np.ndarray[Any, Any] = self._view.view()
+            return view
+        return host_export(self._alloc, self._view, self._offset)
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
-        self._check_host_access()
-        if copy:
-            return np.array(self._view, dtype=dtype, copy=True)
-        return self._view if dtype is None else self._view.astype(dtype, copy=False)
+        from svmkit.interop.numpy_protocol import array_of
+
+        return array_of(self, dtype, copy)
 
     def __getitem__(self, key: Any) -> Any:
         self._live()
         if not _is_basic_key(key):
-            return self.host[key]  # advanced indexing copies, as in NumPy
+            self._check_host_access()
+            return self._view[key]  # advanced indexing copies, as in NumPy
         items = key if isinstance(key, tuple) else (key,)
         view = self._view[tuple(items) + (Ellipsis,)]
         if view.ndim == 0 and not any(k is Ellipsis or k is None for k in items):
@@ -250,7 +265,8 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         return SVMArray(self._alloc, view, self.base if self.base is not None else self)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self.host[key] = value
+        self._check_host_access()
+        self._view[key] = value
 
     def __len__(self) -> int:
         if not self._view.ndim:
@@ -439,6 +455,172 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
 
     def __exit__(self, *exc: object) -> None:
         self.free()
+
+    # -- interop (svmkit.interop; each method delegates) ------------------------------------
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        from svmkit.interop.numpy_protocol import array_ufunc
+
+        return array_ufunc(self, ufunc, method, inputs, kwargs)
+
+    def __add__(self, other: Any) -> Any:
+        from svmkit.interop.numpy_protocol import binary
+
+        return binary(np.add, self, other)
+
+    def __radd__(self, other: Any) -> Any:
+        from svmkit.interop.numpy_protocol import binary
+
+        return binary(np.add, self, other, True)
+
+    def __sub__(self, other: Any) -> Any:
+        from svmkit.interop.numpy_protocol import binary
+
+        return binary(np.subtract, self, other)
+
+    def __rsub__(self, other: Any) -> Any:
+        from svmkit.interop.numpy_protocol import binary
+
+        return binary(np.subtract, self, other, True)
+
+    def __mul__(self, other: Any) -> Any:
+        from svmkit.interop.numpy_protocol import binary
+
+        return binary(np.multiply, self, other)
+
+    def __rmul__(self, other: Any) -> Any:
+        from svmkit.interop.numpy_protocol import binary
+
+        return binary(np.multiply, self, other, True)
+
+    def __truediv__(self, other: Any) -> Any:
+        from svmkit.interop.numpy_protocol import binary
+
+        return binary(np.true_divide, self, other)
+
+    def __rtruediv__(self, other: Any) -> Any:
+        from svmkit.interop.numpy_protocol import binary
+
+        return binary(np.true_divide, self, other, True)
+
+    def __iadd__(self, other: Any) -> SVMArray:
+        from svmkit.interop.numpy_protocol import inplace
+
+        return inplace(np.add, self, other)
+
+    def __isub__(self, other: Any) -> SVMArray:
+        from svmkit.interop.numpy_protocol import inplace
+
+        return inplace(np.subtract, self, other)
+
+    def __imul__(self, other: Any) -> SVMArray:
+        from svmkit.interop.numpy_protocol import inplace
+
+        return inplace(np.multiply, self, other)
+
+    def __itruediv__(self, other: Any) -> SVMArray:
+        from svmkit.interop.numpy_protocol import inplace
+
+        return inplace(np.true_divide, self, other)
+
+    def sum(self, *args: Any, **kwargs: Any) -> Any:
+        """``numpy.ndarray.sum`` on the memory, after recorded work (FINE/SYSTEM)."""
+        from svmkit.interop.numpy_protocol import method
+
+        return method(self, "sum", *args, **kwargs)
+
+    def mean(self, *args: Any, **kwargs: Any) -> Any:
+        """``numpy.ndarray.mean`` on the memory, after recorded work (FINE/SYSTEM)."""
+        from svmkit.interop.numpy_protocol import method
+
+        return method(self, "mean", *args, **kwargs)
+
+    def min(self, *args: Any, **kwargs: Any) -> Any:
+        """``numpy.ndarray.min`` on the memory, after recorded work (FINE/SYSTEM)."""
+        from svmkit.interop.numpy_protocol import method
+
+        return method(self, "min", *args, **kwargs)
+
+    def max(self, *args: Any, **kwargs: Any) -> Any:
+        """``numpy.ndarray.max`` on the memory, after recorded work (FINE/SYSTEM)."""
+        from svmkit.interop.numpy_protocol import method
+
+        return method(self, "max", *args, **kwargs)
+
+    def std(self, *args: Any, **kwargs: Any) -> Any:
+        """``numpy.ndarray.std`` on the memory, after recorded work (FINE/SYSTEM)."""
+        from svmkit.interop.numpy_protocol import method
+
+        return method(self, "std", *args, **kwargs)
+
+    def astype(self, dtype: Any, copy: bool = True) -> SVMArray:
+        """A new SVMArray of ``dtype`` (from the current resource; FINE/SYSTEM)."""
+        from svmkit.interop.numpy_protocol import astype
+
+        return astype(self, dtype, copy)
+
+    def copy(self) -> SVMArray:
+        """A new SVMArray with the same contents, context and policy."""
+        from svmkit.interop.numpy_protocol import copy
+
+        return copy(self)
+
+    def tolist(self) -> Any:
+        """The contents as nested Python lists (after recorded work)."""
+        from svmkit.interop.numpy_protocol import tolist
+
+        return tolist(self)
+
+    def __copy__(self) -> SVMArray:
+        from svmkit.interop.numpy_protocol import copy
+
+        return copy(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SVMArray:
+        from svmkit.interop.numpy_protocol import copy
+
+        return copy(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from svmkit.interop.pickling import reduce
+
+        return reduce(self)
+
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        from svmkit.interop.dlpack import dlpack
+
+        return dlpack(self, stream, max_version, dl_device, copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from svmkit.interop.dlpack import dlpack_device
+
+        return dlpack_device(self)
+
+    def to_cl_array(self, queue: cl.CommandQueue | None = None) -> Any:
+        """A ``pyopencl.array.Array`` over the same memory (an export; every granularity)."""
+        from svmkit.interop.cl_array import to_cl_array
+
+        return to_cl_array(self, queue)
+
+
+def _adopt_operators(cls: type) -> None:
+    """Give ``cls`` NumPy's ``NDArrayOperatorsMixin`` operators (each calls the ufunc, so
+    ``__array_ufunc__`` decides).  PyOpenCL's ``SVM`` is a nanobind type, which allows no
+    second base class, so the mixin's methods are copied in; those ``cls`` defines itself
+    (the fast paths) stay.  Elementwise ``==`` makes the class unhashable, as in NumPy."""
+    for name, value in vars(NDArrayOperatorsMixin).items():
+        if name.startswith("__") and callable(value) and name not in vars(cls):
+            setattr(cls, name, value)
+    cls.__hash__ = None  # type: ignore[assignment]
+
+
+_adopt_operators(SVMArray)
 
 
 class _Once:

@@ -12,6 +12,7 @@ import numpy as np
 import pyopencl as cl
 
 from svmkit.arrays.array import SVMArray, _shape_tuple, nbytes_of
+from svmkit.arrays.importing import host_data, is_cl_array, svm_of_cl_array
 from svmkit.driver import calls
 from svmkit.driver.per_context import PerContext
 from svmkit.driver.queues import default_queue
@@ -195,7 +196,17 @@ def asarray(
     resource: MemoryResource | None = None,
 ) -> SVMArray:
     """``obj`` as an SVM array: returned as is when it already is one that matches,
-    else copied into a new array."""
+    else copied into a new array.
+
+    ``obj`` may be anything NumPy reads (buffer protocol, ``__array__``, sequences), a
+    DLPack producer (a CPU ``torch.Tensor``; one on another device is copied through the
+    host if it offers a CPU copy, else ``BufferError``) or a ``pyopencl.array.Array``
+    (zero-copy when ``SVMArray.to_cl_array`` made it).
+    """
+    if not isinstance(obj, (SVMArray, np.ndarray)) and is_cl_array(obj):
+        same = svm_of_cl_array(ctx, obj)
+        if same is not None:
+            obj = same
     if isinstance(obj, SVMArray):
         matches = (
             obj.context == ctx
@@ -207,7 +218,7 @@ def asarray(
             obj._live()
             return obj
         obj = obj.get()
-    host = np.asarray(obj, dtype=dtype)
+    host = obj if type(obj) is np.ndarray and dtype is None else host_data(obj, dtype)
     out = empty(ctx, host.shape, host.dtype, policy=policy, resource=resource)
     out.set(host)
     return out

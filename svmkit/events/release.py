@@ -2,14 +2,20 @@
 
 :func:`release_after` runs a release once its events completed, on a background thread
 when any is still pending, in the order the releases were asked for, never blocking the
-caller and never calling OpenCL from a driver callback thread.  Interpreter exit
-(:mod:`svmkit.events.shutdown`) drains it for a bounded time and then stops releasing.
+caller and never calling OpenCL from a driver callback thread.  :func:`release_soon` hands
+a release over from a finalizer (an export dying, perhaps inside a garbage collection
+that interrupted a pool holding its lock): it takes no lock at all, only puts the release
+into the thread's inbox (:class:`queue.SimpleQueue`, whose ``put`` is reentrant and safe
+in finalizers).  Interpreter exit (:mod:`svmkit.events.shutdown`) drains it for a bounded
+time and then stops releasing.
 """
 
 from __future__ import annotations
 
 import collections
+import gc
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,20 +25,76 @@ import pyopencl as cl
 
 from svmkit.events.record import is_complete
 
-__all__ = ["EXIT_WAIT_SECONDS", "drain", "release_after", "shutting_down", "stop_releasing"]
+__all__ = [
+    "EXIT_WAIT_SECONDS",
+    "collecting",
+    "drain",
+    "ensure_release_thread",
+    "release_after",
+    "release_soon",
+    "shutting_down",
+    "stop_releasing",
+]
 
 log = logging.getLogger("svmkit.events")
 
 _releases: collections.deque[tuple[list[cl.Event], Callable[[], Any]]] = collections.deque()
 _releases_cond = threading.Condition()
+# What wakes the release thread: a _WAKE token after each release_after, a release handed
+# over by release_soon, or a drain marker.  SimpleQueue.put takes no Python-level lock.
+_inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+_WAKE = object()
 _reaper: threading.Thread | None = None
+_busy = False  # a release is running on the release thread right now
+_running = threading.Lock()  # held by the release thread while a release runs
 _shutting_down = False
 EXIT_WAIT_SECONDS = 5.0
+
+
+class _Marker:
+    """A drain marker: set once the release thread reached it in its inbox."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+_collections = 0  # garbage collections in progress (gc.callbacks)
+
+
+def _gc_phase(phase: str, info: dict[str, Any]) -> None:
+    global _collections
+    _collections = _collections + 1 if phase == "start" else max(0, _collections - 1)
+
+
+gc.callbacks.append(_gc_phase)
+
+
+def collecting() -> bool:
+    """Whether a garbage collection is running: a finaliser then may have interrupted
+    any code, a pool holding its lock included, and must not take locks."""
+    return _collections > 0
+
+
+def release_thread_running() -> bool:
+    """Whether the release thread runs (:func:`release_soon` needs it)."""
+    reaper = _reaper
+    return reaper is not None and reaper.is_alive()
 
 
 def shutting_down() -> bool:
     """True once the interpreter is exiting: memory is then no longer released."""
     return _shutting_down
+
+
+def ensure_release_thread() -> None:
+    """Start the release thread if it is not running (never call this from a finalizer)."""
+    global _reaper
+    with _releases_cond:
+        if _reaper is None or not _reaper.is_alive():
+            _reaper = threading.Thread(target=_reap, name="svmkit-release", daemon=True)
+            _reaper.start()
 
 
 def release_after(
@@ -50,52 +112,101 @@ def release_after(
     if not pending and not background:
         release()
         return
-    global _reaper
     with _releases_cond:
         _releases.append((pending, release))
-        if _reaper is None or not _reaper.is_alive():
-            _reaper = threading.Thread(target=_reap, name="svmkit-release", daemon=True)
-            _reaper.start()
-        _releases_cond.notify()
+    ensure_release_thread()
+    _inbox.put(_WAKE)
+
+
+def release_soon(release: Callable[[], Any]) -> None:
+    """Run ``release()`` on the release thread; safe in finalizers and weakref callbacks.
+
+    Takes no lock (a finalizer may run inside a garbage collection that interrupted a
+    thread holding any lock); the release thread must already run
+    (:func:`ensure_release_thread`, called when the object to be finalized was made).
+    """
+    _inbox.put(release)
 
 
 def _reap() -> None:
     while True:
+        item = _inbox.get()
+        if isinstance(item, _Marker):
+            _run_queued()
+            item.done.set()
+            continue
+        if item is not _WAKE:  # a release handed over by a finalizer
+            _run(item)
+        _run_queued()
+
+
+def _run(release: Callable[[], Any]) -> None:
+    global _busy
+    with _running:  # stop_releasing() waits for a release in progress
+        if _shutting_down:
+            return
+        _busy = True
+        try:
+            release()
+        except Exception:  # a release must never kill the reaper
+            log.exception("releasing SVM memory failed")
+        finally:
+            _busy = False
+
+
+def _run_queued() -> None:
+    """Run the releases of :func:`release_after`, each once its events completed."""
+    while True:
         with _releases_cond:
-            while not _releases:
-                _releases_cond.wait()
+            if not _releases:
+                _releases_cond.notify_all()
+                return
             events, release = _releases[0]
         try:
             if events:
                 cl.wait_for_events(events)
         except cl.Error:
             log.warning("an event svmkit waited on before releasing memory failed", exc_info=True)
+        _run(release)
         with _releases_cond:
-            _releases.popleft()
-            if _shutting_down:
-                _releases_cond.notify_all()
-                continue
-        try:
-            release()
-        except Exception:  # a release must never kill the reaper
-            log.exception("releasing SVM memory failed")
-        with _releases_cond:
+            _releases.popleft()  # only now: drain() must not return while it runs
             _releases_cond.notify_all()
 
 
 def drain(timeout: float | None = None) -> bool:
-    """Wait until every deferred release ran; False if ``timeout`` passed first."""
+    """Wait until every deferred release ran; False if ``timeout`` passed first.
+
+    Covers releases asked for with :func:`release_after` and those handed over by
+    finalizers with :func:`release_soon` before the call.
+    """
     deadline = None if timeout is None else time.monotonic() + timeout
+    reaper = _reaper
+    if reaper is not None and reaper.is_alive() and threading.current_thread() is not reaper:
+        marker = _Marker()
+        _inbox.put(marker)
+        if not marker.done.wait(
+            None if deadline is None else max(0.0, deadline - time.monotonic())
+        ):
+            return False
     with _releases_cond:
-        while _releases:
+        while _releases or _busy:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return False
-            _releases_cond.wait(remaining)
+            _releases_cond.wait(0.05 if remaining is None else min(remaining, 0.05))
     return True
 
 
 def stop_releasing() -> None:
-    """From now on no memory is released (interpreter exit, after the bounded drain)."""
+    """From now on no memory is released (interpreter exit, after the bounded drain).
+
+    Waits (boundedly) for a release the release thread is running, so that no driver
+    call is in flight while the interpreter and the drivers tear down.
+    """
     global _shutting_down
-    _shutting_down = True
+    acquired = _running.acquire(timeout=EXIT_WAIT_SECONDS)
+    try:
+        _shutting_down = True
+    finally:
+        if acquired:
+            _running.release()

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from svmkit.capabilities import Capabilities
     from svmkit.policy import Policy
+    from svmkit.resources.exports import ExportRecord
 
 __all__ = ["Allocation", "MemoryResource", "host_bytes"]
 
@@ -51,6 +52,7 @@ class Allocation:
         "_events",
         "block",
         "context",
+        "exports",
         "freed",
         "map_state",
         "memo",
@@ -63,6 +65,10 @@ class Allocation:
 
     memo: dict[Any, Any] | None
     """Per-block cache that outlives the allocation (a pool block's typed views), or None."""
+
+    exports: ExportRecord | None
+    """What exports of this allocation keep alive (:mod:`svmkit.resources.exports`), or None
+    while nothing was exported."""
 
     def __init__(
         self,
@@ -83,6 +89,7 @@ class Allocation:
         self.map_state: MapState | None = None
         self.freed = False
         self.memo = None
+        self.exports = None
 
     @classmethod
     def _reuse(
@@ -111,6 +118,7 @@ class Allocation:
         self.map_state = None
         self.freed = False
         self.memo = memo
+        self.exports = None
         return self
 
     @property
@@ -130,17 +138,28 @@ class Allocation:
         return record.take() if record else []
 
     def free(self) -> None:
-        """Give the memory back to its resource after recorded commands finish; idempotent."""
+        """Give the memory back to its resource after recorded commands finish; idempotent.
+
+        The allocation is freed at once (svmkit refuses every later use); its memory goes
+        back only once the last export of it is gone (:mod:`svmkit.resources.exports`).
+        """
         if self.freed:
             return
         if fork.forked:  # the parent's memory: never released in a forked child
             fork.check_owned(self.context, "this allocation")
-        self.freed = True
+        self.freed = True  # written before `exports` is read: see ExportRecord
         if self.nbytes:
-            state = self.map_state  # freed inside `mapped`: deallocate after the unmap
-            if state is not None and state.defer_free(self._deallocate):
-                return
-            self.resource.deallocate(self)
+            exports = self.exports
+            if exports is not None and not exports.claim_release(self):
+                return  # the last export to go releases the memory
+            self.release_memory()
+
+    def release_memory(self) -> None:
+        """Hand the memory back to the resource (after an open driver map closes)."""
+        state = self.map_state  # freed inside `mapped`: deallocate after the unmap
+        if state is not None and state.defer_free(self._deallocate):
+            return
+        self.resource.deallocate(self)
 
     def _deallocate(self) -> None:
         self.resource.deallocate(self)

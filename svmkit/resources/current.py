@@ -4,7 +4,8 @@
 thread or task only (a :mod:`contextvars` variable), for the extent of a ``with`` block.
 Without one, each (context, policy) gets the process-wide default: the resource given to
 ``set_current_resource`` (RMM's ``set_current_device_resource``), else a shared
-:class:`SVMResource`.
+:class:`PoolResource` over an :class:`SVMResource`, as CuPy's default memory pool (a raw
+``clSVMAlloc`` costs about a millisecond on NVIDIA's driver).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import pyopencl as cl
 from svmkit.errors import InvalidValueError
 from svmkit.policy import Policy
 from svmkit.resources.base import MemoryResource
+from svmkit.resources.debug import DebugAdaptor, debug_enabled
+from svmkit.resources.pool import PoolResource
 from svmkit.resources.svm import SVMResource
 
 __all__ = ["current_resource", "set_current_resource", "use_resource"]
@@ -36,7 +39,7 @@ _defaults_lock = threading.Lock()
 def current_resource(ctx: cl.Context, policy: Policy) -> MemoryResource:
     """The resource that serves ``ctx`` and ``policy`` here: the innermost selected by
     :func:`use_resource`, else the process-wide default (:func:`set_current_resource`,
-    else a shared raw :class:`SVMResource`)."""
+    else a shared :class:`PoolResource` per context and policy)."""
     for selected in reversed(_selected.get()):
         if selected.serves(ctx, policy):
             return selected
@@ -48,8 +51,15 @@ def current_resource(ctx: cl.Context, policy: Policy) -> MemoryResource:
         per_context = _defaults.setdefault(ctx, {})
         resource = per_context.get(policy)
         if resource is None:
-            resource = per_context[policy] = SVMResource(ctx, policy)
+            resource = per_context[policy] = _default_pool(ctx, policy)
     return resource
+
+
+def _default_pool(ctx: cl.Context, policy: Policy) -> MemoryResource:
+    """The built-in default: a pool over raw SVM (a :class:`DebugAdaptor` over it in debug
+    mode, as every :class:`~svmkit.Pool` gets)."""
+    pool = PoolResource(SVMResource(ctx, policy))
+    return DebugAdaptor(pool) if debug_enabled() else pool
 
 
 def set_current_resource(resource: MemoryResource) -> MemoryResource | None:

@@ -24,6 +24,7 @@ from svmkit.resources._bins import class_size, size_class
 from svmkit.resources._freelist import Block, FreeList
 from svmkit.resources.base import Allocation, MemoryResource
 from svmkit.resources.counters import AllocationCounters
+from svmkit.resources.exports import exported_bytes, reclaim
 
 __all__ = ["PoolResource"]
 
@@ -168,6 +169,7 @@ class PoolResource(MemoryResource):
         try:
             upstream = self.upstream.allocate(size)
         except OutOfMemoryError:
+            reclaim()  # exports in reference cycles, releases in flight
             released = self._release_cache(wait=True)
             log.info(
                 "pool out of memory for %d bytes: released %d cached bytes, retrying",
@@ -199,12 +201,14 @@ class PoolResource(MemoryResource):
         figures = self.info()
         in_use, cached = figures["in_use_bytes"], figures["cached_bytes"]
         fragmented = figures["fragmented_bytes"]
+        held = exported_bytes(self._holds)
         return OutOfMemoryError(
             f"pool cannot get {nbytes} bytes (a {size}-byte block) from {self.upstream!r} "
             f"even after returning its cache: {in_use} bytes in use by "
             f"{figures['live_allocations']} allocations, {cached} bytes cached, {fragmented} bytes "
-            f"fragmented (block bytes beyond what allocations asked for); upstream said: "
-            f"{cause}",
+            f"fragmented (block bytes beyond what allocations asked for), {held} bytes of "
+            f"freed arrays still held by live exports (NumPy views, DLPack, PyOpenCL "
+            f"arrays); upstream said: {cause}",
             nbytes=nbytes,
             cl_error=cause.cl_error,
             in_use_bytes=in_use,
@@ -212,6 +216,11 @@ class PoolResource(MemoryResource):
             fragmented_bytes=fragmented,
             limit_bytes=getattr(cause, "limit_bytes", None),
         )
+
+    def _holds(self, allocation: Allocation) -> bool:
+        """Whether ``allocation`` is a hand-out of one of this pool's blocks."""
+        block = allocation.block
+        return isinstance(block, Block) and self._held.get(block.ptr) is block.upstream
 
     # -- deallocation ----------------------------------------------------------------------
     def deallocate(self, allocation: Allocation) -> None:

@@ -22,10 +22,14 @@ class Outstanding:
 
     allocation: Allocation
     stack: str
+    held_by_exports: bool = False
+    """Freed already, but an export (a NumPy view, DLPack capsule, PyOpenCL array) still
+    holds the memory (:mod:`svmkit.resources.exports`)."""
 
     def __str__(self) -> str:
         a = self.allocation
-        return f"{a.nbytes} bytes at {a.ptr:#x}, allocated at:\n{self.stack}"
+        held = " (freed; held by a live export)" if self.held_by_exports else ""
+        return f"{a.nbytes} bytes at {a.ptr:#x}{held}, allocated at:\n{self.stack}"
 
 
 class TrackingAdaptor(ResourceAdaptor):
@@ -57,15 +61,17 @@ class TrackingAdaptor(ResourceAdaptor):
         self.upstream.deallocate(allocation)
 
     def outstanding(self) -> list[Outstanding]:
-        """Live allocations made through this adaptor, oldest first, with their stacks."""
+        """Allocations made through this adaptor whose memory has not come back, oldest
+        first, with their stacks: live ones, and freed ones an export still holds
+        (``held_by_exports``)."""
         with self._lock:
             entries = list(self._live.values())
         out = []
         for ref, stack in entries:
             allocation = ref()
-            if allocation is not None and not allocation.freed:
+            if allocation is not None:
                 text = "".join(traceback.format_list(stack)) if stack else "(not captured)\n"
-                out.append(Outstanding(allocation, text))
+                out.append(Outstanding(allocation, text, allocation.freed))
         return out
 
     def outstanding_bytes(self) -> int:

@@ -1,0 +1,135 @@
+"""``pyopencl.array`` bridges: ``SVMArray.to_cl_array`` and ``sk.cl_allocator``.
+
+``a.to_cl_array(queue)`` wraps the array's memory, zero-copy and for every granularity,
+as a ``pyopencl.array.Array`` whose data is an export (:mod:`svmkit.resources.exports`):
+the memory outlives ``free()`` while the PyOpenCL array (or a view of it) lives, and its
+release waits for a marker on ``queue``, since PyOpenCL's kernels are invisible to svmkit.
+
+``sk.cl_allocator(queue, resource=None)`` is an ``allocator=`` for ``pyopencl.array``
+drawing from a svmkit resource (a pool, by default the current one), as RMM's
+``rmm_cupy_allocator`` does for CuPy.  A block goes back only after a marker enqueued on
+``queue`` when PyOpenCL drops it has completed, so it is never reused under a running
+``pyopencl.array`` kernel (the hazard of PyOpenCL's own pools with several queues).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyopencl as cl
+
+from svmkit.driver import calls
+from svmkit.driver.per_context import PerContext
+from svmkit.errors import InvalidContextError, InvalidValueError, SVMError
+from svmkit.events.release import collecting, ensure_release_thread, release_soon
+from svmkit.policy import Policy
+from svmkit.resources.base import Allocation, MemoryResource
+from svmkit.resources.current import current_resource
+from svmkit.resources.exports import export_base, order_after_queue
+from svmkit.rules import check_queue
+
+if TYPE_CHECKING:
+    import pyopencl.array as cla
+
+    from svmkit.arrays.array import SVMArray
+
+__all__ = ["CLAllocator", "cl_allocator", "to_cl_array"]
+
+_no_system: PerContext[Policy] = PerContext(lambda ctx: Policy.best(ctx, system=False))
+
+
+def to_cl_array(a: SVMArray, queue: cl.CommandQueue | None = None) -> cla.Array:
+    """``a.to_cl_array(queue)``: a ``pyopencl.array.Array`` over ``a``'s memory (an export;
+    ``free()`` of ``a`` also orders after ``queue``'s commands)."""
+    import pyopencl.array as cla
+
+    alloc = a._live()
+    queue = check_queue(queue, alloc.context)
+    if a.size == 0:
+        return cla.Array(queue, a.shape, a.dtype, strides=a.strides)
+    lo, hi = a.byte_range()
+    span = export_base(alloc).view(np.ndarray)[lo:hi]  # keeps the memory alive
+    order_after_queue(alloc, queue)
+    return cla.Array(
+        queue,
+        a.shape,
+        a.dtype,
+        data=calls.svm_pointer(span),
+        offset=a.offset - lo,
+        strides=a.strides,
+    )
+
+
+class _Block(cl.SVM):  # type: ignore[misc]
+    """One allocation lent to ``pyopencl.array``: an SVM pointer that gives its memory
+    back, after a marker on its queue, when PyOpenCL drops it."""
+
+    __slots__ = ("allocation", "queue")
+
+    allocation: Allocation
+    queue: cl.CommandQueue
+
+    def __del__(self) -> None:
+        release = _Release(self.allocation, self.queue)
+        if collecting():  # perhaps inside a pool's lock: the release thread does it
+            release_soon(release)
+        else:
+            release()
+
+
+class _Release:
+    __slots__ = ("allocation", "queue")
+
+    def __init__(self, allocation: Allocation, queue: cl.CommandQueue) -> None:
+        self.allocation, self.queue = allocation, queue
+
+    def __call__(self) -> None:
+        allocation = self.allocation
+        try:
+            allocation.events.record(calls.enqueue_marker(self.queue))
+        except SVMError:  # the queue is gone bad: wait for it instead
+            self.queue.finish()
+        allocation.free()
+
+
+class CLAllocator:
+    """An ``allocator=`` for ``pyopencl.array`` (see :func:`cl_allocator`)."""
+
+    __slots__ = ("context", "queue", "resource")
+
+    def __init__(self, queue: cl.CommandQueue, resource: MemoryResource | None = None) -> None:
+        if not isinstance(queue, cl.CommandQueue):
+            raise InvalidValueError(
+                f"cl_allocator needs a pyopencl.CommandQueue, got {type(queue).__name__}"
+            )
+        if resource is not None:
+            if not isinstance(resource, MemoryResource):
+                raise InvalidValueError(f"resource must be a memory resource, got {resource!r}")
+            if resource.context != queue.context:
+                raise InvalidContextError("the resource serves another context than the queue")
+        self.queue = check_queue(queue, queue.context)
+        self.context = queue.context
+        self.resource = resource
+        ensure_release_thread()  # blocks dropped in a garbage collection are handed over
+
+    def __call__(self, nbytes: int) -> _Block:
+        resource = self.resource
+        if resource is None:
+            ctx = self.context
+            resource = current_resource(ctx, _no_system.get(ctx))
+        allocation = resource.allocate(nbytes)
+        block = _Block(allocation.u8)
+        block.allocation = allocation
+        block.queue = self.queue
+        return block
+
+    def __repr__(self) -> str:
+        return f"cl_allocator({self.queue.device.name!r}, {self.resource!r})"
+
+
+def cl_allocator(queue: cl.CommandQueue, resource: MemoryResource | None = None) -> CLAllocator:
+    """An ``allocator=`` for ``pyopencl.array`` that draws from ``resource`` (default: at each
+    allocation, the current resource for the queue's context and
+    ``Policy.best(ctx, system=False)``); releases order after a marker on ``queue``."""
+    return CLAllocator(queue, resource)

@@ -1,0 +1,191 @@
+"""NumPy protocol on SVM arrays: ufuncs, operators, reductions, methods, results from the
+current resource, elementwise comparisons (so unhashable), COARSE refused."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+
+import svmkit as sk
+
+fine = pytest.mark.needs("fine")
+
+
+@pytest.fixture
+def pool(ctx):
+    if not sk.capabilities(ctx).fine_grain_buffer:
+        pytest.skip("NumPy on SVM memory needs fine-grain SVM")
+    pool = sk.Pool(ctx, sk.Policy.fine())
+    with sk.use_resource(pool):
+        yield pool
+
+
+def test_operators_give_svm_arrays_from_the_current_resource(ctx, pool):
+    a = pool.asarray(np.arange(6, dtype=np.float64))
+    before = pool.stats()["total_allocations"]
+    results = {
+        "add": (a + 1, np.arange(6) + 1),
+        "radd": (1 + a, 1 + np.arange(6)),
+        "sub": (a - 2, np.arange(6) - 2),
+        "rsub": (10 - a, 10 - np.arange(6)),
+        "mul": (a * a, np.arange(6) ** 2),
+        "truediv": (a / 2, np.arange(6) / 2),
+        "rtruediv": (1 / (a + 1), 1 / (np.arange(6) + 1)),
+        "pow": (a**2, np.arange(6) ** 2),
+        "neg": (-a, -np.arange(6)),
+        "sqrt": (np.sqrt(a), np.sqrt(np.arange(6))),
+        "broadcast": (
+            a.reshape(2, 3) + np.array([1, 2, 3]),
+            np.arange(6).reshape(2, 3) + [1, 2, 3],
+        ),
+    }
+    for name, (got, want) in results.items():
+        assert isinstance(got, sk.SVMArray), name
+        assert got.context == ctx and got.policy == sk.Policy.fine(), name
+        np.testing.assert_allclose(got.host, want, err_msg=name)
+    assert pool.stats()["total_allocations"] - before >= len(results)
+
+
+def test_result_dtypes_follow_numpy(pool):
+    i = pool.asarray(np.arange(4, dtype=np.int32))
+    f = pool.asarray(np.ones(4, dtype=np.float32))
+    assert (i + 1).dtype == np.int32  # a Python int is weak (NEP 50)
+    assert (f + 1.5).dtype == np.float32
+    assert (i / 2).dtype == np.float64
+    assert (i + f).dtype == np.float64
+    assert (i == 2).dtype == np.bool_ and (i == 2).host.tolist() == [False, False, True, False]
+    assert np.isnan(f).dtype == np.bool_
+    assert (i + True).host.tolist() == [1, 2, 3, 4]
+
+
+def test_inplace_and_out_write_in_place(pool):
+    a = pool.asarray(np.arange(4, dtype=np.float64))
+    ptr = a.ptr
+    a += 1
+    a *= 2
+    a -= 1
+    a /= 2
+    assert a.ptr == ptr and a.host.tolist() == [0.5, 1.5, 2.5, 3.5]
+    b = pool.zeros(4)
+    assert np.add(a, a, out=b) is b and b.host.tolist() == [1.0, 3.0, 5.0, 7.0]
+    assert np.multiply(a, 2, out=a) is a and a.host.tolist() == [1.0, 3.0, 5.0, 7.0]
+    n = np.empty(4)
+    assert np.add(a, 1, out=n) is n and n.tolist() == [2.0, 4.0, 6.0, 8.0]
+
+
+def test_reductions_and_methods(pool):
+    data = np.arange(12, dtype=np.float64).reshape(3, 4)
+    a = pool.asarray(data)
+    assert a.sum() == data.sum() and isinstance(a.sum(), np.float64)
+    assert a.mean() == data.mean() and a.min() == 0 and a.max() == 11
+    assert a.std() == pytest.approx(data.std())
+    col = a.sum(axis=0)
+    assert isinstance(col, sk.SVMArray) and col.host.tolist() == data.sum(axis=0).tolist()
+    assert np.add.reduce(a, axis=1).host.tolist() == data.sum(axis=1).tolist()
+    assert np.sum(a) == data.sum()  # NumPy's function reaches the method
+    out = pool.zeros(4)
+    assert a.sum(axis=0, out=out) is out and out.host.tolist() == data.sum(axis=0).tolist()
+    i = a.astype(np.int16)
+    assert isinstance(i, sk.SVMArray) and i.dtype == np.int16 and i.host.tolist() == data.tolist()
+    assert a.astype(np.float64, copy=False) is a
+    c = a.copy()
+    assert c.ptr != a.ptr and c.host.tolist() == data.tolist()
+    assert a.tolist() == data.tolist()
+
+
+def test_numpy_functions_outside_ufuncs_return_numpy_arrays(pool):
+    a = pool.asarray(np.arange(3))
+    joined = np.concatenate([a, a])
+    assert type(joined) is np.ndarray and joined.tolist() == [0, 1, 2, 0, 1, 2]
+    assert type(np.where(a > 0, a, -1)) is np.ndarray
+
+
+def test_comparisons_are_elementwise_so_arrays_are_unhashable(pool):
+    a = pool.asarray(np.arange(3))
+    b = pool.asarray(np.arange(3))
+    eq = a == b
+    assert isinstance(eq, sk.SVMArray) and eq.host.tolist() == [True, True, True]
+    assert (a != b).host.tolist() == [False] * 3 and (a < 1).host.tolist() == [True, False, False]
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(a)
+    with pytest.raises(TypeError):
+        {a}  # noqa: B018
+
+
+def test_work_recorded_on_an_operand_is_waited_for(ctx, queue, pool):
+    a = pool.zeros(256, np.int32)
+    prg = sk.build_program(
+        ctx,
+        "__kernel void slow(__global int *p, int n) {"
+        " int i = get_global_id(0); int v = 0;"
+        " for (int k = 0; k < n; k++) v += (k & 1); p[i] = v; }",
+    )
+    sk.launch(queue, prg.slow, (256,), None, a, np.int32(200_000))
+    assert (a + 0).host.tolist() == [100_000] * 256  # after the kernel, never before
+
+
+def test_launch_uses_and_kernels_accept_unhashable_arrays(ctx, queue, pool):
+    a = pool.zeros(4, np.int32)
+    prg = sk.build_program(ctx, "__kernel void w(__global int *p) { p[get_global_id(0)] = 3; }")
+    sk.launch(queue, prg.w, (4,), None, a, uses=[a, a]).wait()
+    assert a.host.tolist() == [3] * 4
+
+
+@pytest.mark.needs("coarse")
+def test_coarse_operands_name_mapped(ctx):
+    a = sk.zeros(ctx, 4, policy=sk.Policy.coarse())
+    for op in (lambda: a + 1, lambda: np.sqrt(a), lambda: a.sum(), lambda: a.astype(int)):
+        with pytest.raises(sk.MapStateError, match="mapped"):
+            op()
+    with pytest.raises(sk.MapStateError, match="mapped"):
+        a += 1
+    assert a.tolist() == [0.0] * 4  # tolist and copy work for every granularity
+    assert a.copy().get().tolist() == [0.0] * 4
+
+
+def test_freed_operands_raise(pool):
+    a = pool.zeros(4)
+    a.free()
+    for op in (lambda: a + 1, lambda: 1 + a, lambda: np.sqrt(a), lambda: a.sum()):
+        with pytest.raises(sk.UseAfterFreeError):
+            op()
+
+
+def test_default_resource_is_a_pool_per_context_and_policy(ctx):
+    fine_policy = sk.Policy.best(ctx)
+    resource = sk.current_resource(ctx, fine_policy)
+    assert isinstance(resource, sk.PoolResource)
+    assert sk.current_resource(ctx, fine_policy) is resource
+    a = sk.empty(ctx, 100, np.uint8)
+    address = a.ptr
+    a.free()
+    b = sk.empty(ctx, 100, np.uint8)
+    assert b.ptr == address  # reused from the default pool
+
+
+def test_copy_deepcopy_and_pickle(ctx, pool):
+    a = pool.asarray(np.arange(5, dtype=np.int16))
+    for dup in (copy.copy(a), copy.deepcopy(a), pickle.loads(pickle.dumps(a))):
+        assert isinstance(dup, sk.SVMArray) and dup.ptr != a.ptr
+        assert dup.dtype == np.int16 and dup.host.tolist() == [0, 1, 2, 3, 4]
+        assert dup.policy == a.policy
+
+
+def test_unpickling_in_a_fresh_process_uses_its_default_context(ctx, pool, tmp_path):
+    import subprocess
+    import sys
+
+    a = pool.asarray(np.arange(4, dtype=np.float32))
+    path = tmp_path / "a.pkl"
+    path.write_bytes(pickle.dumps(a))
+    code = (
+        "import pickle, sys, svmkit as sk\n"
+        f"a = pickle.loads(open({str(path)!r}, 'rb').read())\n"
+        "print(type(a).__name__, a.policy, a.get().tolist())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["SVMArray", "Policy(FINE)", "[0.0,", "1.0,", "2.0,", "3.0]"]
