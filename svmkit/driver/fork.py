@@ -108,8 +108,12 @@ def _reset_release_thread() -> None:
     if pending:
         _kept.append(list(pending))
         pending.clear()
-    if hasattr(events, "_reaper"):
-        vars(events)["_reaper"] = None
+    inbox = getattr(events, "_inbox", None)  # releases handed over by finalizers
+    while inbox is not None and not inbox.empty():
+        _kept.append(inbox.get_nowait())
+    for name, fresh in (("_reaper", None), ("_busy", False)):
+        if hasattr(events, name):
+            vars(events)[name] = fresh
 
 
 def _reset_registries(modules: list[Any]) -> None:
