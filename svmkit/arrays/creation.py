@@ -69,16 +69,25 @@ def _new(
     alloc = resource.allocate(nbytes, alignment)
     memo = alloc.memo
     if memo is None:
-        return _wrap(alloc, alloc.u8[:nbytes].view(dtype).reshape(shape))
-    # A pooled block: its typed view outlives each hand-out; every array gets its own
-    # ndarray object on it (so changing one array's view never reaches another's).
+        return _wrap(alloc, _typed_view(alloc.u8, shape, dtype, nbytes))
+    # A pooled block: its typed views outlive each hand-out.  An array's ``_view`` never
+    # leaves svmkit (host access hands out exports, made afresh for each allocation), so
+    # the hand-outs of one block may share them.
     key = (shape, dtype)
     view = memo.get(key)
     if view is None:
         if len(memo) >= _MEMO_VIEWS:
             memo.clear()
-        view = memo[key] = alloc.u8[:nbytes].view(dtype).reshape(shape)
-    return _wrap(alloc, view.view())
+        view = memo[key] = _typed_view(alloc.u8, shape, dtype, nbytes)
+    return _wrap(alloc, view)
+
+
+def _typed_view(
+    u8: np.ndarray[Any, Any], shape: tuple[int, ...], dtype: np.dtype[Any], nbytes: int
+) -> np.ndarray[Any, Any]:
+    """``shape`` and ``dtype`` over the first ``nbytes`` of ``u8`` (no copy, no access)."""
+    view: np.ndarray[Any, Any] = np.frombuffer(u8, dtype, nbytes // dtype.itemsize if nbytes else 0)
+    return view if len(shape) == 1 else view.reshape(shape)
 
 
 def empty(

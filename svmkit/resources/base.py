@@ -152,7 +152,10 @@ class Allocation:
             exports = self.exports
             if exports is not None and not exports.claim_release(self):
                 return  # the last export to go releases the memory
-            self.release_memory()
+            if self.map_state is None:  # (release_memory's common case, inlined)
+                self.resource.deallocate(self)
+            else:
+                self.release_memory()
 
     def release_memory(self) -> None:
         """Hand the memory back to the resource (after an open driver map closes)."""
