@@ -403,7 +403,10 @@ def ring_class(backend: str | None = None) -> Callable[..., RingOps]:
     if native is None:
         from svmkit.errors import UnsupportedError
 
-        raise UnsupportedError("svmkit.workqueue._cring was not built (no C compiler at install)")
+        raise UnsupportedError(
+            "svmkit.workqueue._cring is not available (not built: no C compiler at install; "
+            "or built with another ring layout)"
+        )
     if choice not in (None, "native"):
         from svmkit.errors import InvalidValueError
 
