@@ -1,6 +1,6 @@
 /* svmkit_workqueue.h - the device side of sk.WorkQueue: a bounded MPMC ring in fine-grain SVM.
  *
- * The host (svmkit/workqueue.py) and every device of the context push and pop on the same
+ * The host (svmkit/workqueue/) and every device of the context push and pop on the same
  * ring at the same time, with SVM atomics (clSVMAlloc with CL_MEM_SVM_FINE_GRAIN_BUFFER |
  * CL_MEM_SVM_ATOMICS).  Usage:
  *
@@ -16,18 +16,27 @@
  *   bool wq_try_push(q, item)   false if full or closed (nothing waits)
  *   bool wq_try_pop(q, &item)   false if nothing is there now
  * and beyond it: void wq_close(q) (as WorkQueue.close(), e.g. when the last task ends),
- * bool wq_drained(q) (closed and every item popped), and batch pops that claim a run of
- * up to `max` published items with one compare-exchange (one atomic per batch instead of
- * per item): int wq_try_pop_many(q, items, max) (0 if nothing now) and
- * int wq_pop_many(q, items, max) (blocks while empty; 0 once closed and drained).
+ * bool wq_drained(q) (closed and every item popped), and batch operations that claim a run
+ * with one compare-exchange (one atomic per batch instead of per item):
+ *   int wq_try_pop_many(q, items, max)  up to `max` published items, 0 if nothing now
+ *   int wq_pop_many(q, items, max)      blocks while empty; 0 once closed and drained
+ *   int wq_push_many(q, items, n)       blocks while full; n, or fewer if closed
+ * on a private array, and the same on __local memory (PoCL 3.0 has no generic address
+ * space): wq_try_pop_batch, wq_pop_batch, wq_push_batch.  Work-group consumers call
+ *   int wq_group_pop(q, __local items, max, __local int *scratch)
+ *   int wq_group_push(q, __local items, n, __local int *scratch)
+ * from every work-item: one work-item claims the run into local memory, the group works on
+ * it, and the count it broadcasts (0: closed and drained) makes the group leave together.
  *
  * Forward progress: OpenCL promises none between work-items of one work-group, so a
- * work-item that may block (wq_pop, wq_push) must be alone in its work-group or the only
- * one of its group that blocks, and the persistent grid must not exceed the work-groups that
+ * work-item that may block (wq_pop, wq_push, the *_many and *_batch calls) must be alone in
+ * its work-group or the only one of its group that blocks (wq_group_pop/wq_group_push: the
+ * others wait at a barrier), and the persistent grid must not exceed the work-groups that
  * run at once (sk.persistent_grid picks it).  A kernel whose work-items both pop and push
  * uses wq_try_push and does the work inline when the ring is full.
  *
- * Layout (byte offsets; svmkit/workqueue.py builds the same one):
+ * Layout (byte offsets; svmkit/workqueue/layout.py holds the same constants, and a test
+ * compares this header's macros and struct with it):
  *     0  head    ulong  consumers' claim counter            (own 64-byte line)
  *    64  tail    ulong  producers' claim counter; bit 63 = closed  (own line)
  *   128  closed  uint   mirror of tail's bit 63, read while idle    (own line)

@@ -44,7 +44,9 @@ def test_queue_mode_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_batched_mode_json(capsys: pytest.CaptureFixture[str]) -> None:
-    assert demo.main(["--items", "2000", "--latency-items", "20", "--mode", "batched", "--json"]) == 0
+    assert (
+        demo.main(["--items", "2000", "--latency-items", "20", "--mode", "batched", "--json"]) == 0
+    )
     captured = capsys.readouterr()
     assert "batched coarse-grain SVM" in captured.out
     assert "NumPy reference: 100%" in captured.err and "batched stream" not in captured.err

@@ -503,7 +503,7 @@ def test_c_ring_layout_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
         from svmkit.workqueue import _cring
     except ImportError:
         pytest.skip("the C ring was not built here")
-    assert _cring.LAYOUT == layout.as_dict()
+    assert layout.as_dict() == _cring.LAYOUT
     ring._native.cache_clear()
     monkeypatch.setattr(_cring, "LAYOUT", {**_cring.LAYOUT, "SLOT_BYTES": 32})
     try:

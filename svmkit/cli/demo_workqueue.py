@@ -132,9 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A persistent kernel fed through sk.WorkQueue (Collatz stopping times) "
         "against one kernel launch per batch: throughput and latency, checked against NumPy.",
     )
-    ap.add_argument(
-        "--items", type=_int_option(1, MAX_ITEMS), default=400_000, help="stream items"
-    )
+    ap.add_argument("--items", type=_int_option(1, MAX_ITEMS), default=400_000, help="stream items")
     ap.add_argument(
         "--bits", type=_int_option(1, 40), default=20, help="stream numbers are below 2**bits"
     )
@@ -443,9 +441,7 @@ def _report(
             "launch with another's; the comparison waits for each batch\n"
         )
     if args.items < 10 * args.batch:
-        out.write(
-            "    (a stream this short times mostly start-up; use more --items for a rate)\n"
-        )
+        out.write("    (a stream this short times mostly start-up; use more --items for a rate)\n")
     out.write(
         f"  latency (single items below 2^{LIGHT_BITS}, push to result on the host, "
         f"{len(m.latency['queue'])} each): {name} p50 {q_p50:.2f} µs "
@@ -519,8 +515,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     starts = rng.integers(1, 2**args.bits, size=args.items, dtype=np.int64)
     light = rng.integers(1, 2**LIGHT_BITS, size=args.latency_items, dtype=np.int64)
     out.write(
-        f"{PROG}: Collatz stopping times of {args.items} numbers below 2^{args.bits} on "
-        f"{device}\n"
+        f"{PROG}: Collatz stopping times of {args.items} numbers below 2^{args.bits} on {device}\n"
     )
     out.flush()
     bar = Progress(args.items, "  NumPy reference", err, enabled=not args.no_progress)
@@ -561,4 +556,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SVMError, cl.Error, TimeoutError, OSError) as exc:
         err.write(f"{PROG}: error: {exc}\n")
         return 1
-

@@ -82,7 +82,7 @@ class BatchedLaunches:
         return event
 
     def _result(self, slot: int, k: int) -> np.ndarray[Any, Any]:
-        dev_in, dev_out, host_out, kernel = self._slots[slot]
+        _dev_in, dev_out, host_out, _kernel = self._slots[slot]
         return host_out[:k] if self.copies else dev_out.host[:k]
 
     def run(

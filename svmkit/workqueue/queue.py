@@ -33,6 +33,7 @@ once.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import weakref
@@ -202,14 +203,25 @@ at_shutdown(_close_all)
 
 
 def _backoff(
-    ring: host_ring.RingOps, for_pop: bool, round_: int, want: int = 1, spin_rounds: int = 0
+    ring: host_ring.RingOps,
+    for_pop: bool,
+    round_: int,
+    want: int = 1,
+    spin_rounds: int = 0,
+    shares_cores: bool = False,
 ) -> None:
     """Wait once for the ring: spin rounds first (``spin_rounds``, default ``_SPIN_ROUNDS``;
     a round spins for ``_SPIN_NS``, or ``_BATCH_SPIN_NS`` when fewer rounds were asked for),
-    then sleeps that grow to ``_MAX_SLEEP``."""
+    then sleeps that grow to ``_MAX_SLEEP``.  Where the kernel runs on the host's cores
+    (``shares_cores``) a single-item wait spins in short rounds and yields the core after
+    each, so a work-item that shares this thread's core gets to answer."""
     rounds = spin_rounds or _SPIN_ROUNDS
     if round_ < rounds:
-        ring.wait(for_pop, _SPIN_NS if rounds == _SPIN_ROUNDS else _BATCH_SPIN_NS, want)
+        if shares_cores and rounds == _SPIN_ROUNDS:
+            ring.wait(for_pop, _BATCH_SPIN_NS, want)
+            os.sched_yield()
+        else:
+            ring.wait(for_pop, _SPIN_NS if rounds == _SPIN_ROUNDS else _BATCH_SPIN_NS, want)
     else:
         time.sleep(min(_MAX_SLEEP, 1e-5 * (round_ - rounds + 1)))
 
@@ -274,8 +286,8 @@ class WorkQueue:
         self._ring: host_ring.RingOps = ring_type(self._array.ptr, cap, dt.itemsize, kind)
         self.backend = "python" if ring_type is host_ring.PyRing else "native"
         self._scalar: Callable[[Any], Any] = dt.type if direct else self._from_bits
-        shares_cores = any(d.type & cl.device_type.CPU for d in ctx.devices)
-        self._batch_spin_rounds = 1 if shares_cores else _SPIN_ROUNDS
+        self._shares_cores = any(d.type & cl.device_type.CPU for d in ctx.devices)
+        self._batch_spin_rounds = 1 if self._shares_cores else _SPIN_ROUNDS
         with _live_lock:
             _live.add(self)
 
@@ -362,7 +374,7 @@ class WorkQueue:
                 raise WorkQueueTimeout(
                     f"push timed out after {timeout} s: the queue stayed full", pushed=0
                 )
-            _backoff(ring, False, round_)
+            _backoff(ring, False, round_, shares_cores=self._shares_cores)
             round_ += 1
             status = ring.try_push(item)
 
@@ -431,7 +443,7 @@ class WorkQueue:
                 raise QueueClosed("pop on a closed and drained work queue")
             if _expired(deadline):
                 raise WorkQueueTimeout(f"pop timed out after {timeout} s: the queue stayed empty")
-            _backoff(ring, True, round_)
+            _backoff(ring, True, round_, shares_cores=self._shares_cores)
             round_ += 1
             value = ring.try_pop()
             if value is not None:

@@ -191,7 +191,11 @@ class PyRing:
         letter = "u" if kind == "r" else kind
         self._dtype = np.dtype(f"{letter}{itemsize}")
         self._items: np.ndarray[Any, Any] = np.ndarray(
-            (capacity,), self._dtype, buffer=raw, offset=HEADER_BYTES + ITEM_OFFSET, strides=(SLOT_BYTES,)
+            (capacity,),
+            self._dtype,
+            buffer=raw,
+            offset=HEADER_BYTES + ITEM_OFFSET,
+            strides=(SLOT_BYTES,),
         )
         self._tail_addr = address + TAIL_OFFSET
         self._head_addr = address + HEAD_OFFSET
