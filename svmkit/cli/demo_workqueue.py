@@ -447,7 +447,11 @@ def _report(
         f"{len(m.latency['queue'])} each): {name} p50 {q_p50:.2f} µs "
         f"(p99 {np.percentile(m.latency['queue'], 99):.2f}), one launch per item p50 "
         f"{l_p50:.2f} µs (p99 {np.percentile(m.latency['launches'], 99):.2f}): "
-        f"{_ratio(l_p50, q_p50)} lower\n"
+        + (
+            f"{_ratio(l_p50, q_p50)} lower\n"
+            if l_p50 >= q_p50
+            else f"{_ratio(q_p50, l_p50)} higher\n"
+        )
     )
     if mode == "queue":
         out.write(
