@@ -1,6 +1,6 @@
 /* svmkit_workqueue.h - the device side of sk.WorkQueue: a bounded MPMC ring in fine-grain SVM.
  *
- * The host (svmkit/workqueue.py) and every device of the context push and pop on the same
+ * The host (svmkit/workqueue/) and every device of the context push and pop on the same
  * ring at the same time, with SVM atomics (clSVMAlloc with CL_MEM_SVM_FINE_GRAIN_BUFFER |
  * CL_MEM_SVM_ATOMICS).  Usage:
  *
@@ -16,18 +16,27 @@
  *   bool wq_try_push(q, item)   false if full or closed (nothing waits)
  *   bool wq_try_pop(q, &item)   false if nothing is there now
  * and beyond it: void wq_close(q) (as WorkQueue.close(), e.g. when the last task ends),
- * bool wq_drained(q) (closed and every item popped), and batch pops that claim a run of
- * up to `max` published items with one compare-exchange (one atomic per batch instead of
- * per item): int wq_try_pop_many(q, items, max) (0 if nothing now) and
- * int wq_pop_many(q, items, max) (blocks while empty; 0 once closed and drained).
+ * bool wq_drained(q) (closed and every item popped), and batch operations that claim a run
+ * with one compare-exchange (one atomic per batch instead of per item):
+ *   int wq_try_pop_many(q, items, max)  up to `max` published items, 0 if nothing now
+ *   int wq_pop_many(q, items, max)      blocks while empty; 0 once closed and drained
+ *   int wq_push_many(q, items, n)       blocks while full; n, or fewer if closed
+ * on a private array, and the same on __local memory (PoCL 3.0 has no generic address
+ * space): wq_try_pop_batch, wq_pop_batch, wq_push_batch.  Work-group consumers call
+ *   int wq_group_pop(q, __local items, max, __local int *scratch)
+ *   int wq_group_push(q, __local items, n, __local int *scratch)
+ * from every work-item: one work-item claims the run into local memory, the group works on
+ * it, and the count it broadcasts (0: closed and drained) makes the group leave together.
  *
  * Forward progress: OpenCL promises none between work-items of one work-group, so a
- * work-item that may block (wq_pop, wq_push) must be alone in its work-group or the only
- * one of its group that blocks, and the persistent grid must not exceed the work-groups that
+ * work-item that may block (wq_pop, wq_push, the *_many and *_batch calls) must be alone in
+ * its work-group or the only one of its group that blocks (wq_group_pop/wq_group_push: the
+ * others wait at a barrier), and the persistent grid must not exceed the work-groups that
  * run at once (sk.persistent_grid picks it).  A kernel whose work-items both pop and push
  * uses wq_try_push and does the work inline when the ring is full.
  *
- * Layout (byte offsets; svmkit/workqueue.py builds the same one):
+ * Layout (byte offsets; svmkit/workqueue/layout.py holds the same constants, and a test
+ * compares this header's macros and struct with it):
  *     0  head    ulong  consumers' claim counter            (own 64-byte line)
  *    64  tail    ulong  producers' claim counter; bit 63 = closed  (own line)
  *   128  closed  uint   mirror of tail's bit 63, read while idle    (own line)
@@ -69,9 +78,16 @@
 #define WQ_ITEM long
 #endif
 
-#define SVMKIT_WQ_CLOSED ((ulong)1 << 63)
+/* The layout (svmkit/workqueue/layout.py holds the same values; a test compares them). */
+#define SVMKIT_WQ_HEAD_OFFSET 0
+#define SVMKIT_WQ_TAIL_OFFSET 64
+#define SVMKIT_WQ_CLOSED_OFFSET 128
+#define SVMKIT_WQ_PARAMS_OFFSET 192
 #define SVMKIT_WQ_HEADER_BYTES 256
+#define SVMKIT_WQ_SLOT_BYTES 16
+#define SVMKIT_WQ_ITEM_OFFSET 8
 #define SVMKIT_WQ_MAGIC 0x53564d51u /* "SVMQ" */
+#define SVMKIT_WQ_CLOSED ((ulong)1 << 63)
 
 typedef struct {
     atomic_ulong head;
@@ -87,10 +103,16 @@ typedef struct {
     uchar _pad3[40];
 } svmkit_wq;
 
-/* WQ_ITEM must fit the 8 bytes a slot holds for it. */
+/* WQ_ITEM must fit the 8 bytes a slot holds for it, and the struct must be the header. */
 typedef char svmkit_wq_item_fits_in_a_slot[(sizeof(WQ_ITEM) <= 8) ? 1 : -1];
-
-#define SVMKIT_WQ_SLOT_BYTES 16
+typedef char svmkit_wq_header_size[(sizeof(svmkit_wq) == SVMKIT_WQ_HEADER_BYTES) ? 1 : -1];
+#if defined(__clang__)
+typedef char svmkit_wq_offsets[(__builtin_offsetof(svmkit_wq, tail) == SVMKIT_WQ_TAIL_OFFSET &&
+                                __builtin_offsetof(svmkit_wq, closed) == SVMKIT_WQ_CLOSED_OFFSET &&
+                                __builtin_offsetof(svmkit_wq, mask) == SVMKIT_WQ_PARAMS_OFFSET)
+                                   ? 1
+                                   : -1];
+#endif
 
 inline __global atomic_ulong *svmkit_wq_seq(__global svmkit_wq *q, ulong pos)
 {
@@ -101,7 +123,7 @@ inline __global atomic_ulong *svmkit_wq_seq(__global svmkit_wq *q, ulong pos)
 inline __global WQ_ITEM *svmkit_wq_item(__global svmkit_wq *q, ulong pos)
 {
     return (__global WQ_ITEM *)((__global uchar *)q + SVMKIT_WQ_HEADER_BYTES +
-                                (pos & q->mask) * SVMKIT_WQ_SLOT_BYTES + 8);
+                                (pos & q->mask) * SVMKIT_WQ_SLOT_BYTES + SVMKIT_WQ_ITEM_OFFSET);
 }
 
 /* 1: pushed, 0: full, -1: closed. */
@@ -187,7 +209,11 @@ inline bool wq_pop(__global svmkit_wq *q, WQ_ITEM *item)
     }
 }
 
-inline int wq_try_pop_many(__global svmkit_wq *q, WQ_ITEM *items, int max)
+/* Claim the run of published items at head, at most `max`, with one compare-exchange:
+ * returns its length (0 if nothing is published now) and its first position in *first.
+ * head == pos at the exchange means nobody claimed [pos, pos + k) meanwhile, and a published
+ * slot stays published until its claimer frees it. */
+inline int svmkit_wq_claim_run(__global svmkit_wq *q, int max, ulong *first)
 {
     ulong pos = svmkit_load_relaxed(&q->head);
     for (;;) {
@@ -202,29 +228,145 @@ inline int wq_try_pop_many(__global svmkit_wq *q, WQ_ITEM *items, int max)
             }
             return 0;
         }
-        /* head == pos at the exchange means nobody claimed [pos, pos + k) meanwhile, and
-         * a published slot stays published until its claimer frees it */
         if (atomic_compare_exchange_weak_explicit(&q->head, &pos, pos + k,
                                                   memory_order_relaxed,
                                                   memory_order_relaxed, SVMKIT_SCOPE)) {
-            for (int i = 0; i < k; i++) {
-                items[i] = *svmkit_wq_item(q, pos + i);
-                svmkit_store_release(svmkit_wq_seq(q, pos + i), pos + i + q->mask + 1);
-            }
+            *first = pos;
             return k;
         }
     }
 }
 
-inline int wq_pop_many(__global svmkit_wq *q, WQ_ITEM *items, int max)
+/* Claim up to `max` free positions at tail with one compare-exchange (all of them were
+ * claimed by last lap's consumers already): the count, 0 if full, -1 if closed. */
+inline int svmkit_wq_claim_free(__global svmkit_wq *q, int max, ulong *first)
 {
+    ulong cap = q->mask + 1;
+    ulong pos = svmkit_load_relaxed(&q->tail);
     for (;;) {
-        int k = wq_try_pop_many(q, items, max);
-        if (k)
-            return k;
-        if (wq_drained(q))
+        if (pos & SVMKIT_WQ_CLOSED)
+            return -1;
+        long used = (long)(pos - svmkit_load_acquire(&q->head));
+        if (used < 0) { /* this tail is older than head */
+            pos = svmkit_load_relaxed(&q->tail);
+            continue;
+        }
+        if ((ulong)used >= cap)
             return 0;
+        ulong k = cap - (ulong)used;
+        if ((ulong)max < k)
+            k = (ulong)max;
+        if (atomic_compare_exchange_weak_explicit(&q->tail, &pos, pos + k,
+                                                  memory_order_relaxed,
+                                                  memory_order_relaxed, SVMKIT_SCOPE)) {
+            *first = pos;
+            return (int)k;
+        }
     }
+}
+
+/* Batch operations for one address space of the caller's items (`AS` empty: the default,
+ * private or generic).  PoCL 3.0 has no generic address space, so __local buffers get their
+ * own functions (wq_*_batch) instead of a generic pointer.
+ *   try_pop:  claim a published run, copy it out, free each slot (seq = pos + capacity).
+ *   pop:      the same, waiting while empty; 0 once closed and drained.
+ *   push:     claim free positions, wait for last lap's consumer to free each slot (it
+ *             claimed it already, so this never waits on a blocked agent), write, publish;
+ *             repeats until all `n` went in (blocking while full): returns n, or how many
+ *             went in before the queue was closed. */
+#define SVMKIT_WQ_BATCH_OPS(TRY_POP, POP, PUSH, AS)                                         \
+    inline int TRY_POP(__global svmkit_wq *q, AS WQ_ITEM *items, int max)                   \
+    {                                                                                       \
+        ulong first;                                                                        \
+        int k = svmkit_wq_claim_run(q, max, &first);                                        \
+        for (int i = 0; i < k; i++) {                                                       \
+            items[i] = *svmkit_wq_item(q, first + i);                                       \
+            svmkit_store_release(svmkit_wq_seq(q, first + i), first + i + q->mask + 1);     \
+        }                                                                                   \
+        return k;                                                                           \
+    }                                                                                       \
+    inline int POP(__global svmkit_wq *q, AS WQ_ITEM *items, int max)                       \
+    {                                                                                       \
+        for (;;) {                                                                          \
+            int k = TRY_POP(q, items, max);                                                 \
+            if (k)                                                                          \
+                return k;                                                                   \
+            if (wq_drained(q))                                                              \
+                return 0;                                                                   \
+        }                                                                                   \
+    }                                                                                       \
+    inline int PUSH(__global svmkit_wq *q, const AS WQ_ITEM *items, int n)                  \
+    {                                                                                       \
+        int done = 0;                                                                       \
+        while (done < n) {                                                                  \
+            ulong first;                                                                    \
+            int k = svmkit_wq_claim_free(q, n - done, &first);                              \
+            if (k < 0)                                                                      \
+                break;                                                                      \
+            for (int i = 0; i < k; i++) {                                                   \
+                __global atomic_ulong *seq = svmkit_wq_seq(q, first + i);                   \
+                while (svmkit_load_acquire(seq) != first + i)                               \
+                    ;                                                                       \
+                *svmkit_wq_item(q, first + i) = items[done + i];                            \
+                svmkit_store_release(seq, first + i + 1);                                   \
+            }                                                                               \
+            done += k;                                                                      \
+        }                                                                                   \
+        return done;                                                                        \
+    }
+
+/* int wq_try_pop_many(q, items, max), wq_pop_many, wq_push_many(q, items, n): items in the
+ * default address space (a private array). */
+SVMKIT_WQ_BATCH_OPS(wq_try_pop_many, wq_pop_many, wq_push_many, )
+/* The same with __local items: wq_try_pop_batch, wq_pop_batch, wq_push_batch. */
+SVMKIT_WQ_BATCH_OPS(wq_try_pop_batch, wq_pop_batch, wq_push_batch, __local)
+
+/* ---- Work-group consumers -----------------------------------------------------------------
+ * Every work-item of the group calls these with the same arguments (uniform control flow:
+ * they contain barriers).  One work-item (local linear id 0, the leader) performs the queue
+ * operation, the only one of its group that may block; the others wait at a barrier, so the
+ * forward-progress rule above holds.  The leader broadcasts the count through *scratch, so
+ * the group leaves together once the queue is closed and drained (count 0).
+ *
+ *     __local WQ_ITEM in[64], out[64];
+ *     __local int scratch;
+ *     int k;
+ *     while ((k = wq_group_pop(work, in, 64, &scratch)) > 0) {
+ *         for (int i = get_local_id(0); i < k; i += get_local_size(0))
+ *             out[i] = f(in[i]);
+ *         if (wq_group_push(results, out, k, &scratch) < k)
+ *             break;                      // the results queue was closed
+ *     }
+ */
+inline size_t svmkit_wq_local_linear_id(void)
+{
+    return (get_local_id(2) * get_local_size(1) + get_local_id(1)) * get_local_size(0) +
+           get_local_id(0);
+}
+
+/* Pop up to `max` items into `items` for the whole group: blocks while empty, 0 once the
+ * queue is closed and drained.  Starts with a barrier, so the group may reuse `items`
+ * right after the previous call's work. */
+inline int wq_group_pop(__global svmkit_wq *q, __local WQ_ITEM *items, int max,
+                        __local int *scratch)
+{
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (svmkit_wq_local_linear_id() == 0)
+        *scratch = wq_pop_batch(q, items, max);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return *scratch;
+}
+
+/* Push items[0, n) for the whole group (the barrier first makes every work-item's writes
+ * to `items` visible to the leader): n, or fewer if the queue was closed. */
+inline int wq_group_push(__global svmkit_wq *q, __local const WQ_ITEM *items, int n,
+                         __local int *scratch)
+{
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (svmkit_wq_local_linear_id() == 0)
+        *scratch = wq_push_batch(q, items, n);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return *scratch;
 }
 
 /* Close from a device (as WorkQueue.close()): pushes fail, pops drain what is left. */

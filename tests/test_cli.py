@@ -170,8 +170,8 @@ def test_an_empty_vendors_directory_lists_what_the_loader_still_finds(tmp_path):
 def test_ctrl_c_in_a_running_demo_is_one_line_and_exit_130(ctx):
     # The demo's work-queue phase: host threads push one item at a time while the kernel
     # consumes; SIGINT arrives once the first progress line says the queue is running.
-    argv = [sys.executable, "-m", "svmkit.cli", "demo", "workqueue", "--items", "1000000"]
-    argv += ["--producers", "1", "--batch", "1"]
+    argv = [sys.executable, "-m", "svmkit.cli", "demo", "workqueue", "--items", "4000000"]
+    argv += ["--producers", "1", "--batch", "1", "--rounds", "8"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", POCL_DEVICES="pthread pthread")
     with subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
@@ -180,13 +180,13 @@ def test_ctrl_c_in_a_running_demo_is_one_line_and_exit_130(ctx):
         before: list[
             str
         ] = []  # what precedes the progress bar (warnings about passed-over devices)
-        while not (line := proc.stderr.readline()).startswith("  progress:"):
+        while "queue stream:" not in (line := proc.stderr.readline()):
             assert line, f"the demo ended before its queue ran: {''.join(before)}"
             before.append(line)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert err.splitlines()[-1] == "svmkit demo: interrupted"
+    assert err.splitlines()[-1] == "svmkit demo workqueue: interrupted"
     assert "Traceback" not in err and "Exception ignored" not in err
     assert "verified" not in out  # it stopped rather than ran to the end
 

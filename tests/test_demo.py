@@ -1,11 +1,16 @@
-"""`svmkit demo workqueue`: verifies against NumPy, exits non-zero on a mismatch."""
+"""`svmkit demo workqueue`: verifies against NumPy, reports both measures, exits non-zero on
+a mismatch, and turns bad options and interrupts into one line and an exit status."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 
 from svmkit.cli import demo_workqueue as demo
+
+SMALL = ["--items", "3000", "--latency-items", "40", "--rounds", "2", "--no-progress"]
 
 
 def test_reference_matches_known_stopping_times() -> None:
@@ -13,19 +18,49 @@ def test_reference_matches_known_stopping_times() -> None:
     np.testing.assert_array_equal(demo.collatz_reference(starts), [0, 1, 7, 8, 16, 111, 118])
 
 
+def _summary(out: str) -> dict[str, object]:
+    last = out.strip().splitlines()[-1]
+    summary = json.loads(last)
+    assert isinstance(summary, dict)
+    return summary
+
+
 @pytest.mark.needs("fine", "atomics")
-def test_queue_mode_passes(capsys: pytest.CaptureFixture[str]) -> None:
-    assert demo.main(["--items", "20000", "--no-progress"]) == 0
+def test_queue_mode_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert demo.main([*SMALL, "--json"]) == 0
     out = capsys.readouterr().out
-    assert "fine-grain work queue" in out and "verified: all 20000 results" in out
-    assert "push->pop latency: p50" in out and "static per-batch launches" in out
+    assert "fine-grain work queues" in out and "verified: all 3040 results" in out
+    assert "throughput (3000 items in batches of 16" in out and "M items/s" in out
+    assert "latency (single items" in out and "µs" in out and out.count("why:") == 2
+    summary = _summary(out)
+    assert set(summary) == {"device", "mode", "verified", "throughput", "latency_us"}
+    assert summary["mode"] == "queue" and summary["verified"] is True
+    throughput, latency = summary["throughput"], summary["latency_us"]
+    assert isinstance(throughput, dict) and isinstance(latency, dict)
+    assert set(throughput) == {"queue", "launches"}
+    assert set(latency) == {"queue_p50", "launch_p50"}
+    assert all(isinstance(v, float) and v > 0 for v in [*throughput.values(), *latency.values()])
+    assert isinstance(summary["device"], str) and summary["device"] in out.splitlines()[0]
 
 
-def test_batched_mode_passes(capsys: pytest.CaptureFixture[str]) -> None:
-    assert demo.main(["--items", "5000", "--mode", "batched"]) == 0
+def test_batched_mode_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        demo.main(["--items", "2000", "--latency-items", "20", "--mode", "batched", "--json"]) == 0
+    )
     captured = capsys.readouterr()
     assert "batched coarse-grain SVM" in captured.out
-    assert "progress" in captured.err
+    assert "NumPy reference: 100%" in captured.err and "batched stream" not in captured.err
+    summary = _summary(captured.out)
+    assert summary["mode"] == "batched" and summary["verified"] is True
+
+
+@pytest.mark.needs("fine", "atomics")
+def test_one_item_prints_sensible_text(capsys: pytest.CaptureFixture[str]) -> None:
+    assert demo.main(["--items", "1", "--latency-items", "1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "verified: all 2 results" in out and "median of 1 round(s)" in out
+    assert "a stream this short times mostly start-up" in out
+    assert "capacity / throughput" not in out
 
 
 @pytest.mark.needs("fine", "atomics")
@@ -34,9 +69,49 @@ def test_mismatch_exits_non_zero(
 ) -> None:
     real = demo.collatz_reference
     monkeypatch.setattr(demo, "collatz_reference", lambda s: real(s) + (np.arange(len(s)) == 3))
-    assert demo.main(["--items", "2000", "--no-progress"]) == 1
-    assert "MISMATCH" in capsys.readouterr().out
+    assert demo.main(SMALL) == 1
+    out = capsys.readouterr().out
+    assert "MISMATCH" in out and "verified: all" not in out
 
 
-def test_bad_options_exit_2() -> None:
-    assert demo.main(["--items", "0"]) == 2
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["--items", "0"], "--items"),
+        (["--capacity", "1000"], "--capacity"),
+        (["--host-cores", "-1"], "--host-cores"),
+        (["--batch", "x"], "--batch"),
+        (["--local-size", "65"], "--local-size"),
+    ],
+)
+def test_bad_options_exit_2_naming_the_option(
+    argv: list[str], option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert demo.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}" in err and "Traceback" not in err
+
+
+def test_interrupt_is_one_line_and_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def interrupted(*args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "run", interrupted)
+    assert demo.main([]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "svmkit demo workqueue: interrupted"
+
+
+def test_driver_error_is_one_line_and_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import svmkit as sk
+
+    def failing(*args: object) -> int:
+        raise sk.UnsupportedError("no SVM device")
+
+    monkeypatch.setattr(demo, "run", failing)
+    assert demo.main([]) == 1
+    assert capsys.readouterr().err.strip() == "svmkit demo workqueue: error: no SVM device"

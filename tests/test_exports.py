@@ -276,3 +276,22 @@ def test_coarse_host_views_are_no_exports(ctx: cl.Context, queue: cl.CommandQueu
         assert a.host.tolist() == [4] * 16
     a.free()  # valid only inside the block: nothing keeps the memory
     assert pool.stats()["current_bytes"] == 0
+
+
+def test_an_export_dying_runs_no_python_code(ctx: cl.Context) -> None:
+    # Python drops a KeyboardInterrupt raised inside a finalizer: a Ctrl-C that landed in
+    # Python code of an export's weakref callback was lost (a demo ran on after Ctrl-C).
+    # The callback is the release thread's C-level hand-off, which a signal cannot cut.
+    from svmkit.events.release import handoff
+
+    a = sk.zeros(ctx, 8, np.int32, policy=sk.Policy.fine())
+    view = a.host
+    record = a.allocation.exports
+    assert record is not None and record.owner_ref is not None
+    assert record.owner_ref.__callback__ is handoff
+    assert type(handoff).__name__ == "builtin_function_or_method"
+    a.free()
+    view[:] = 7  # the export still holds the memory
+    del view
+    assert events.drain(10.0)
+    assert record.released

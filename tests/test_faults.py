@@ -179,11 +179,11 @@ def interrupt(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[int], None]
     real_backoff = queue_module._backoff
     waits = {"count": 0, "at": 0}
 
-    def backoff(ring: Any, for_pop: bool, round_: int) -> None:
+    def backoff(ring: Any, for_pop: bool, round_: int, *args: Any, **kwargs: Any) -> None:
         waits["count"] += 1
         if waits["count"] == waits["at"]:
             signal.raise_signal(signal.SIGINT)  # KeyboardInterrupt is raised right here
-        real_backoff(ring, for_pop, round_)
+        real_backoff(ring, for_pop, round_, *args, **kwargs)
 
     def arm(rounds: int) -> None:
         waits.update(count=0, at=rounds)

@@ -382,6 +382,7 @@ def _stress(ctx: cl.Context, threads: int, steps: int) -> int:
             a.free()
 
     run_threads(worker, threads)
+    assert drain(10.0)  # host views are exports: the last one's release is the release thread's
     stats = pool.stats()
     assert stats["current_bytes"] == 0 and stats["current_allocations"] == 0
     assert stats["total_allocations"] > threads * steps // 3

@@ -91,6 +91,29 @@ __kernel void total(__global svmkit_wq *q, __global double *sums)
 }
 """
 
+GROUP_KERNEL = r"""
+#include "svmkit_workqueue.h"
+
+/* Work-group consumers: the leader claims up to 8 items into local memory, the group
+ * computes 3x + 1 for each, the leader pushes (x << 32) | (3x + 1) to `results`.  Items also
+ * counted per item with an atomic, so a double pop shows even if results were lost. */
+__kernel void group_consume(__global svmkit_wq *q, __global svmkit_wq *results,
+                            __global atomic_int *seen)
+{
+    __local WQ_ITEM in[8], out[8];
+    __local int scratch;
+    int k;
+    while ((k = wq_group_pop(q, in, 8, &scratch)) > 0) {
+        for (int i = get_local_id(0); i < k; i += get_local_size(0)) {
+            atomic_fetch_add_explicit(&seen[in[i]], 1, memory_order_relaxed, SVMKIT_SCOPE);
+            out[i] = (in[i] << 32) | (3 * in[i] + 1);
+        }
+        if (wq_group_push(results, out, k, &scratch) < k)
+            break;
+    }
+}
+"""
+
 _programs: dict[tuple[Any, str], cl.Program] = {}
 
 
@@ -346,23 +369,13 @@ def test_host_threads_exactly_once(ctx: cl.Context, backend: str, threads: int) 
     assert _host_exactly_once(wq, threads, threads, 3000) == threads * 3000
 
 
-@pytest.mark.parametrize("variant", ["per-item-acquire-release", "x86-thunk"])
-def test_python_ring_variants(
-    ctx: cl.Context, variant: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The pure-Python ring's non-TSO path (one libatomic acquire/release per seq) and its
-    compiler-free x86-64 compare-exchange, under the same host exactly-once test."""
-    if variant == "x86-thunk":
-        provider = ring._x86_thunk()
-        if provider is None:
-            pytest.skip("the lock cmpxchg routine is x86-64 only")
-        kwargs: dict[str, Any] = {"provider": provider}
-    else:
-        kwargs = {"tso": False}
+def test_python_ring_non_tso_path(ctx: cl.Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pure-Python ring's non-TSO path (one libatomic acquire/release per seq), under
+    the same host exactly-once test."""
     made: list[ring.PyRing] = []
 
     def make_ring(*args: Any) -> ring.PyRing:
-        made.append(ring.PyRing(*args, **kwargs))
+        made.append(ring.PyRing(*args, tso=False))
         return made[-1]
 
     monkeypatch.setattr(ring, "ring_class", lambda backend=None: make_ring)
@@ -371,15 +384,119 @@ def test_python_ring_variants(
     assert _host_exactly_once(wq, 2, 2, 1500) == 3000
 
 
-def test_thunk_compare_exchange_semantics() -> None:
-    provider = ring._x86_thunk()
-    if provider is None:
-        pytest.skip("the lock cmpxchg routine is x86-64 only")
-    word = np.zeros(1, np.uint64)
-    addr = word.ctypes.data
-    assert provider.cas(addr, 0, 5) == 0 and word[0] == 5
-    assert provider.cas(addr, 3, 9) == 5 and word[0] == 5  # mismatch leaves it
-    assert provider.cas(addr, 5, 2**63 + 1) == 5 and word[0] == 2**63 + 1
+def test_python_ring_needs_no_executable_memory(
+    ctx: cl.Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No machine code is written at run time: with every mmap refused, the pure-Python
+    ring still finds its atomics (libatomic) and delivers exactly once."""
+    import mmap
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"mmap called with {args} {kwargs}")
+
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    ring.cas_provider.cache_clear()
+    try:
+        provider = ring.cas_provider()
+        assert provider.name.startswith("libatomic")
+        wq = sk.WorkQueue(ctx, 8, backend="python")
+        assert _host_exactly_once(wq, 2, 2, 1000) == 2000
+    finally:
+        ring.cas_provider.cache_clear()
+    assert not hasattr(ring, "mmap") and "PROT_EXEC" not in vars(ring)
+
+
+# --- layout: one source ------------------------------------------------------------------
+
+
+def _header_layout() -> tuple[dict[str, int], dict[str, int]]:
+    """The header's SVMKIT_WQ_* macros, and svmkit_wq's field offsets summed from its
+    declaration (member sizes of the types it uses)."""
+    import re
+
+    text = (sk.kernels_dir() / "svmkit_workqueue.h").read_text()
+    macros = {}
+    for name, value in re.findall(r"#define SVMKIT_WQ_(\w+) (.+)", text):
+        value = value.split("/*")[0].strip()
+        if value.startswith("((ulong)1 << "):
+            macros[name] = 1 << int(value[len("((ulong)1 << ") : -1])
+        else:
+            macros[name] = int(value.rstrip("u"), 0)
+    body = re.search(r"typedef struct \{(.*?)\} svmkit_wq;", text, re.S)
+    assert body is not None
+    sizes = {"atomic_ulong": 8, "ulong": 8, "atomic_uint": 4, "uint": 4, "uchar": 1}
+    offsets, at = {}, 0
+    for ctype, name, count in re.findall(r"(\w+) (\w+)(?:\[(\d+)\])?;", body.group(1)):
+        offsets[name] = at
+        at += sizes[ctype] * int(count or 1)
+    offsets["_size"] = at
+    return macros, offsets
+
+
+def test_layout_matches_header() -> None:
+    from svmkit.workqueue import layout
+
+    macros, offsets = _header_layout()
+    expected = layout.as_dict()
+    assert macros.pop("CLOSED") == expected.pop("CLOSED_BIT")
+    assert macros == expected
+    assert offsets["head"] == layout.HEAD_OFFSET and offsets["tail"] == layout.TAIL_OFFSET
+    assert offsets["closed"] == layout.CLOSED_OFFSET
+    assert offsets["mask"] == layout.PARAMS_OFFSET and offsets["_size"] == layout.HEADER_BYTES
+
+
+def test_layout_as_the_device_compiles_it(ctx: cl.Context) -> None:
+    """The compiler's own offsets of svmkit_wq, read back from a kernel."""
+    from svmkit.workqueue import layout
+
+    prg = sk.build_program(
+        ctx,
+        r"""
+        #include "svmkit_workqueue.h"
+        __kernel void offsets(__global svmkit_wq *q, __global long *out) {
+            __global uchar *base = (__global uchar *)q;
+            out[0] = (__global uchar *)&q->head - base;
+            out[1] = (__global uchar *)&q->tail - base;
+            out[2] = (__global uchar *)&q->closed - base;
+            out[3] = (__global uchar *)&q->mask - base;
+            out[4] = sizeof(svmkit_wq);
+            out[5] = (__global uchar *)svmkit_wq_item(q, 1) - base;
+            out[6] = q->magic;
+        }""",
+    )
+    wq = sk.WorkQueue(ctx, 4)
+    out = fine_zeros(ctx, 7, np.int64)
+    sk.launch(cl.CommandQueue(ctx), prg.offsets, (1,), (1,), wq, out).wait()
+    assert list(out.host) == [
+        layout.HEAD_OFFSET,
+        layout.TAIL_OFFSET,
+        layout.CLOSED_OFFSET,
+        layout.PARAMS_OFFSET,
+        layout.HEADER_BYTES,
+        layout.HEADER_BYTES + layout.SLOT_BYTES + layout.ITEM_OFFSET,
+        layout.MAGIC,
+    ]
+
+
+def test_c_ring_layout_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C ring exports the constants it was built with; a build with others is not used."""
+    from svmkit.workqueue import layout
+
+    try:
+        from svmkit.workqueue import _cring
+    except ImportError:
+        pytest.skip("the C ring was not built here")
+    assert layout.as_dict() == _cring.LAYOUT
+    ring._native.cache_clear()
+    monkeypatch.setattr(_cring, "LAYOUT", {**_cring.LAYOUT, "SLOT_BYTES": 32})
+    try:
+        assert ring.ring_class() is ring.PyRing
+        with pytest.raises(sk.UnsupportedError):
+            ring.ring_class("native")
+    finally:
+        monkeypatch.undo()
+        ring._native.cache_clear()
+    assert ring.ring_class() is _cring.Ring
 
 
 # --- host <-> device -----------------------------------------------------------------------
@@ -441,6 +558,68 @@ def test_host_producers_two_devices(two_device_ctx: cl.Context, backend: str) ->
     ctx = two_device_ctx
     queues = [cl.CommandQueue(ctx, d) for d in ctx.devices]
     assert _host_to_device(ctx, queues, backend, 2, 10000) == 20000
+
+
+def _group_consumers(ctx: cl.Context, backend: str, threads: int, per: int, groups: int) -> int:
+    """Host threads push, ``groups`` work-groups of 4 consume with wq_group_pop and answer
+    through a second queue the host pops; the number of items answered exactly once."""
+    wq = sk.WorkQueue(ctx, 64, backend=backend)
+    results = sk.WorkQueue(ctx, 32, backend=backend)
+    total = threads * per
+    seen = fine_zeros(ctx, total, np.int32)
+    queue = cl.CommandQueue(ctx)
+    key = (ctx, "group")
+    if key not in _programs:
+        _programs[key] = sk.build_program(ctx, GROUP_KERNEL)
+    knl = cl.Kernel(_programs[key], "group_consume")
+    event = sk.launch(queue, knl, (4 * groups,), (4,), wq, results, seen)
+    queue.flush()
+    answers: list[np.ndarray] = []
+
+    def drain() -> None:
+        while True:
+            got = results.pop_many(50)
+            if len(got) == 0:
+                break
+            answers.append(got)
+
+    popper = threading.Thread(target=drain)
+    popper.start()
+
+    def produce(i: int) -> None:
+        items = np.arange(i * per, (i + 1) * per, dtype=np.int64)
+        rng = np.random.default_rng(i)
+        j = 0
+        while j < per:
+            k = int(rng.choice([1, 3, 8, 20, 64]))
+            if k == 1:
+                wq.push(int(items[j]))
+            else:
+                wq.push_many(items[j : j + k])
+            j += k
+
+    run_threads(produce, threads)
+    wq.close()
+    finish([event], wq)
+    results.close()
+    popper.join(60)
+    assert not popper.is_alive()
+    np.testing.assert_array_equal(seen.host, np.ones(total, np.int32))
+    packed = np.sort(np.concatenate(answers))
+    np.testing.assert_array_equal(packed >> 32, np.arange(total))
+    np.testing.assert_array_equal(packed & 0xFFFFFFFF, 3 * np.arange(total) + 1)
+    return len(packed)
+
+
+@pytest.mark.parametrize(("threads", "groups"), [(1, 2), (2, 3), (4, 4)])
+def test_work_group_consumers_exactly_once(
+    ctx: cl.Context, backend: str, threads: int, groups: int
+) -> None:
+    """One work-item per group claims a run into local memory (wq_pop_batch), the group
+    computes it, the leader pushes the answers (wq_push_batch); the group leaves together
+    once the queue is closed and drained."""
+    per = 6000 // threads
+    assert _group_consumers(ctx, backend, threads, per, groups) == threads * per
 
 
 def _device_to_host(

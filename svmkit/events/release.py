@@ -30,6 +30,7 @@ __all__ = [
     "collecting",
     "drain",
     "ensure_release_thread",
+    "handoff",
     "release_after",
     "release_soon",
     "shutting_down",
@@ -128,6 +129,13 @@ def release_soon(release: Callable[[], Any]) -> None:
     _inbox.put(release)
 
 
+handoff: Callable[[Any], None] = _inbox.put
+"""A weakref callback that runs no Python bytecode (``SimpleQueue.put`` is C): the dead
+reference goes to the release thread, which calls its ``run_release()``.  A finalizer
+written in Python can be cut by a signal, and Python drops a ``KeyboardInterrupt`` raised
+inside a finalizer (Ctrl-C would be lost); this one cannot be cut."""
+
+
 def _reap() -> None:
     while True:
         item = _inbox.get()
@@ -136,7 +144,7 @@ def _reap() -> None:
             item.done.set()
             continue
         if item is not _WAKE:  # a release handed over by a finalizer
-            _run(item)
+            _run(getattr(item, "run_release", item))
         _run_queued()
 
 

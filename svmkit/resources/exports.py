@@ -18,7 +18,7 @@ gets its own owner, created on the first export and shared by later ones while i
 An :class:`ExportRecord` counts the live owners.  An owner's death is learnt through a
 weakref callback, which runs inside a finalizer (perhaps a garbage collection that
 interrupted a pool holding its lock): it only hands the record to svmkit's release
-thread (:func:`~svmkit.events.release.release_soon`, no lock taken); the count changes
+thread (:data:`~svmkit.events.release.handoff`: no lock, no Python code); the count changes
 there, under this module's lock, and the memory is released there once the count reaches
 zero and the allocation is freed.
 
@@ -46,7 +46,7 @@ import pyopencl as cl
 
 from svmkit.driver import calls
 from svmkit.errors import SVMError, UseAfterFreeError
-from svmkit.events.release import drain, ensure_release_thread, release_soon
+from svmkit.events.release import drain, ensure_release_thread, handoff
 
 if TYPE_CHECKING:
     from svmkit.resources.base import Allocation
@@ -76,13 +76,16 @@ class HostOwner(np.ndarray):
 
 
 class _OwnerRef(weakref.ref):  # type: ignore[type-arg]
+    """The weak reference to an owner.  Its callback is :data:`~svmkit.events.release.
+    handoff`: the dead reference itself goes to the release thread (no lock, no Python
+    code in the finalizer), which calls :meth:`run_release`."""
+
     __slots__ = ("record",)
     record: ExportRecord
 
-
-def _owner_died(ref: _OwnerRef) -> None:
-    """Weakref callback (a finalizer): hand the count to the release thread, lock-free."""
-    release_soon(ref.record.dropped)
+    def run_release(self) -> None:
+        """On the release thread: one owner fewer for the record."""
+        self.record.dropped()
 
 
 class ExportRecord:
@@ -180,7 +183,7 @@ def _new_owner(alloc: Allocation) -> HostOwner:
         buffer: Any = (ctypes.c_uint8 * alloc.nbytes).from_address(alloc.ptr)
         made = cast(HostOwner, np.ndarray.__new__(HostOwner, (alloc.nbytes,), np.uint8, buffer))
         made.record = record
-        new_ref = _OwnerRef(made, _owner_died)
+        new_ref = _OwnerRef(made, handoff)
         new_ref.record = record
         record.owner_ref = new_ref
         record.alloc = alloc

@@ -1,8 +1,10 @@
 /* svmkit.workqueue._cring: the host side of sk.WorkQueue's ring, with real C11-style atomics.
  *
- * Optional: setup.py builds it when a C compiler is present; svmkit/_hostatomics.py has a
+ * Optional: setup.py builds it when a C compiler is present; svmkit/workqueue/ring.py has a
  * pure-Python ring with the same methods and semantics.  Layout and protocol are those of
- * kernels/svmkit_workqueue.h (Vyukov's bounded MPMC queue; bit 63 of tail = closed).
+ * kernels/svmkit_workqueue.h (Vyukov's bounded MPMC queue; bit 63 of tail = closed).  The
+ * layout constants come from svmkit/workqueue/layout.py: setup.py defines SVMKIT_WQ_*, and
+ * the module exports them as LAYOUT, which ring.py compares before using this ring.
  *
  * Memory orders: slot seq loads are ACQUIRE, seq stores RELEASE (they carry the item);
  * head/tail compare-exchanges are relaxed on the single-item path (as on the device) and
@@ -11,21 +13,34 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
 
-#define CLOSED_BIT (UINT64_C(1) << 63)
-#define HEAD_OFF 0
-#define TAIL_OFF 64
-#define CLOSED_OFF 128
-#define HEADER_BYTES 256
-#define SLOT_BYTES 16
+#if !defined(SVMKIT_WQ_HEAD_OFFSET) || !defined(SVMKIT_WQ_TAIL_OFFSET) ||                \
+    !defined(SVMKIT_WQ_CLOSED_OFFSET) || !defined(SVMKIT_WQ_HEADER_BYTES) ||              \
+    !defined(SVMKIT_WQ_SLOT_BYTES) || !defined(SVMKIT_WQ_ITEM_OFFSET) ||                  \
+    !defined(SVMKIT_WQ_CLOSED_BIT) || !defined(SVMKIT_WQ_PARAMS_OFFSET) ||                \
+    !defined(SVMKIT_WQ_MAGIC)
+#error "build through setup.py: the ring layout comes from svmkit/workqueue/layout.py"
+#endif
+#define CLOSED_BIT SVMKIT_WQ_CLOSED_BIT
+#define HEAD_OFF SVMKIT_WQ_HEAD_OFFSET
+#define TAIL_OFF SVMKIT_WQ_TAIL_OFFSET
+#define CLOSED_OFF SVMKIT_WQ_CLOSED_OFFSET
+#define HEADER_BYTES SVMKIT_WQ_HEADER_BYTES
 
 typedef struct {
     uint64_t seq;
     unsigned char item[8];
 } slot_t;
+
+/* The slot struct must be the layout's slot: seq at +0, the item at ITEM_OFFSET. */
+typedef char slot_matches_layout[(sizeof(slot_t) == SVMKIT_WQ_SLOT_BYTES &&
+                                  offsetof(slot_t, item) == SVMKIT_WQ_ITEM_OFFSET)
+                                     ? 1
+                                     : -1];
 
 typedef struct {
     PyObject_HEAD
@@ -439,30 +454,47 @@ static PyObject *Ring_length(Ring *self, PyObject *Py_UNUSED(ignored))
     return PyLong_FromLongLong(n);
 }
 
-/* wait(for_pop, max_ns): spin without the GIL until the slot at head (for_pop) or tail
- * changes state, the queue closes, or max_ns passed.  Returns nothing; callers retry. */
+/* Whether the slot of position `pos` is ready: published (for_pop) or free (for push). */
+static inline int slot_ready(Ring *self, int for_pop, uint64_t pos)
+{
+    uint64_t seq = __atomic_load_n(&self->slots[pos & self->mask].seq, __ATOMIC_ACQUIRE);
+    return (int64_t)(seq - (pos + (for_pop ? 1 : 0))) >= 0;
+}
+
+/* Once the first slot is ready, how long wait() keeps gathering for `want` ready slots. */
+#define GATHER_NS 2000u
+
+/* wait(for_pop, max_ns, want=1): spin without the GIL until the slot at head (for_pop) or
+ * tail is ready, the queue closes, or max_ns passed.  With want > 1, once that slot is ready
+ * it keeps spinning up to GATHER_NS for the slot want - 1 further on, so that a batch call
+ * claims a run instead of trailing the agent on the other side slot by slot (each slot line
+ * would bounce between them).  Returns nothing; callers retry. */
 static PyObject *Ring_wait(Ring *self, PyObject *args)
 {
     int for_pop;
     unsigned long long max_ns;
-    if (!PyArg_ParseTuple(args, "pK", &for_pop, &max_ns))
+    Py_ssize_t want = 1;
+    if (!PyArg_ParseTuple(args, "pK|n", &for_pop, &max_ns, &want))
         return NULL;
+    if (want < 1)
+        want = 1;
+    if ((uint64_t)want > self->mask + 1)
+        want = (Py_ssize_t)(self->mask + 1);
     Py_BEGIN_ALLOW_THREADS
-    uint64_t deadline = now_ns() + max_ns;
+    uint64_t start = now_ns();
+    uint64_t deadline = start + max_ns;
+    uint64_t first_ready = 0;
     for (unsigned spins = 1;; spins++) {
         if (__atomic_load_n(self->closed, __ATOMIC_ACQUIRE))
             break;
-        if (for_pop) {
-            uint64_t pos = __atomic_load_n(self->head, __ATOMIC_RELAXED);
-            uint64_t seq = __atomic_load_n(&self->slots[pos & self->mask].seq,
-                                           __ATOMIC_ACQUIRE);
-            if ((int64_t)(seq - (pos + 1)) >= 0)
+        uint64_t *counter = for_pop ? self->head : self->tail;
+        uint64_t pos = __atomic_load_n(counter, __ATOMIC_RELAXED) & ~CLOSED_BIT;
+        if (slot_ready(self, for_pop, pos)) {
+            if (want == 1 || slot_ready(self, for_pop, pos + (uint64_t)want - 1))
                 break;
-        } else {
-            uint64_t pos = __atomic_load_n(self->tail, __ATOMIC_RELAXED) & ~CLOSED_BIT;
-            uint64_t seq = __atomic_load_n(&self->slots[pos & self->mask].seq,
-                                           __ATOMIC_ACQUIRE);
-            if ((int64_t)(seq - pos) >= 0)
+            if (first_ready == 0)
+                first_ready = now_ns();
+            else if ((spins & 15) == 0 && now_ns() - first_ready >= GATHER_NS)
                 break;
         }
         cpu_relax();
@@ -484,7 +516,7 @@ static PyMethodDef Ring_methods[] = {
     {"closed", (PyCFunction)Ring_closed, METH_NOARGS, "whether the closed bit is set"},
     {"drained", (PyCFunction)Ring_drained, METH_NOARGS, "closed and every item popped"},
     {"length", (PyCFunction)Ring_length, METH_NOARGS, "items claimed but not yet popped"},
-    {"wait", (PyCFunction)Ring_wait, METH_VARARGS, "spin without the GIL for a change"},
+    {"wait", (PyCFunction)Ring_wait, METH_VARARGS, "spin without the GIL until the ring is ready (want: a run)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -514,6 +546,20 @@ PyMODINIT_FUNC PyInit__cring(void)
     Py_INCREF(&RingType);
     if (PyModule_AddObject(m, "Ring", (PyObject *)&RingType) < 0) {
         Py_DECREF(&RingType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *layout = Py_BuildValue(
+        "{sKsKsKsKsKsKsKsKsK}", "HEAD_OFFSET", (unsigned long long)SVMKIT_WQ_HEAD_OFFSET,
+        "TAIL_OFFSET", (unsigned long long)SVMKIT_WQ_TAIL_OFFSET, "CLOSED_OFFSET",
+        (unsigned long long)SVMKIT_WQ_CLOSED_OFFSET, "PARAMS_OFFSET",
+        (unsigned long long)SVMKIT_WQ_PARAMS_OFFSET, "HEADER_BYTES",
+        (unsigned long long)SVMKIT_WQ_HEADER_BYTES, "SLOT_BYTES",
+        (unsigned long long)SVMKIT_WQ_SLOT_BYTES, "ITEM_OFFSET",
+        (unsigned long long)SVMKIT_WQ_ITEM_OFFSET, "MAGIC", (unsigned long long)SVMKIT_WQ_MAGIC,
+        "CLOSED_BIT", (unsigned long long)SVMKIT_WQ_CLOSED_BIT);
+    if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
+        Py_XDECREF(layout);
         Py_DECREF(m);
         return NULL;
     }

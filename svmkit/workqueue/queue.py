@@ -6,13 +6,9 @@ work-items to be done.  The host can use atomic operations to insert new work-it
 the queue at the same time as the devices using similar atomic operations to remove
 work-items for processing."  (spec section 5.6.2, fine-grain buffer SVM with atomics.)
 
-Layout (bytes; ``kernels/svmkit_workqueue.h`` defines the same ``svmkit_wq``)::
-
-      0  head    uint64   consumers' claim counter                   (own 64-byte line)
-     64  tail    uint64   producers' claim counter, bit 63 = closed  (own line)
-    128  closed  uint32   mirror of tail's bit 63 for idle readers   (own line)
-    192  mask uint64, capacity uint64, item_size uint32, magic uint32  (set once)
-    256  slots[capacity] of 16 bytes: seq uint64 at +0, item at +8
+Layout: :mod:`svmkit.workqueue.layout` (``kernels/svmkit_workqueue.h`` declares the same
+``svmkit_wq``): head, tail (bit 63 = closed) and a closed mirror on their own cache lines, the
+ring's parameters, then ``capacity`` slots of a ``seq`` word and an item.
 
 Protocol: D. Vyukov's bounded MPMC queue.  Slot ``i`` starts with ``seq == i``.  A
 producer claims position ``p`` (compare-exchange of tail) once ``seq == p``, writes the
@@ -37,6 +33,7 @@ once.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import weakref
@@ -53,7 +50,7 @@ from svmkit.errors import InvalidValueError, QueueClosed
 from svmkit.events import at_shutdown
 from svmkit.policy import Granularity, Policy
 from svmkit.workqueue import ring as host_ring
-from svmkit.workqueue.ring import HEADER_BYTES, MAGIC, PARAMS_OFFSET, SLOT_BYTES
+from svmkit.workqueue.layout import HEADER_BYTES, ITEM_OFFSET, MAGIC, PARAMS_OFFSET, SLOT_BYTES
 
 __all__ = ["WorkQueue", "WorkQueueTimeout", "opencl_type", "persistent_grid"]
 
@@ -77,9 +74,16 @@ _OPENCL_TYPES = {
 
 # Blocking waits: spin (the native helper spins without the GIL) for about 200 µs, then
 # sleep with a growing interval up to 1 ms (on a CPU device the kernel needs the cores).
+# Batch calls (push_many/pop_many) on a context with a CPU device spin once, briefly, then
+# sleep: they serve throughput, and a host thread spinning on a core the kernel's
+# work-groups need slows the kernel down more than a sleep delays the host.
 _SPIN_NS = 20_000
 _SPIN_ROUNDS = 10
+_BATCH_SPIN_NS = 5_000
 _MAX_SLEEP = 1e-3
+# A batch call that finds the ring not ready waits for a run of this many slots (for at most
+# a few µs once the first is ready) instead of trailing the other side slot by slot.
+_GATHER = 64
 
 
 class WorkQueueTimeout(TimeoutError):
@@ -198,11 +202,28 @@ def _close_all() -> None:
 at_shutdown(_close_all)
 
 
-def _backoff(ring: host_ring.RingOps, for_pop: bool, round_: int) -> None:
-    if round_ < _SPIN_ROUNDS:
-        ring.wait(for_pop, _SPIN_NS)
+def _backoff(
+    ring: host_ring.RingOps,
+    for_pop: bool,
+    round_: int,
+    want: int = 1,
+    spin_rounds: int = 0,
+    shares_cores: bool = False,
+) -> None:
+    """Wait once for the ring: spin rounds first (``spin_rounds``, default ``_SPIN_ROUNDS``;
+    a round spins for ``_SPIN_NS``, or ``_BATCH_SPIN_NS`` when fewer rounds were asked for),
+    then sleeps that grow to ``_MAX_SLEEP``.  Where the kernel runs on the host's cores
+    (``shares_cores``) a single-item wait spins in short rounds and yields the core after
+    each, so a work-item that shares this thread's core gets to answer."""
+    rounds = spin_rounds or _SPIN_ROUNDS
+    if round_ < rounds:
+        if shares_cores and rounds == _SPIN_ROUNDS:
+            ring.wait(for_pop, _BATCH_SPIN_NS, want)
+            os.sched_yield()
+        else:
+            ring.wait(for_pop, _SPIN_NS if rounds == _SPIN_ROUNDS else _BATCH_SPIN_NS, want)
     else:
-        time.sleep(min(_MAX_SLEEP, 1e-5 * (round_ - _SPIN_ROUNDS + 1)))
+        time.sleep(min(_MAX_SLEEP, 1e-5 * (round_ - rounds + 1)))
 
 
 def _expired(deadline: float | None) -> bool:
@@ -255,8 +276,9 @@ class WorkQueue:
         params = raw[PARAMS_OFFSET : PARAMS_OFFSET + 24]
         params[:16].view(np.uint64)[:] = (cap - 1, cap)
         params[16:].view(np.uint32)[:] = (dt.itemsize, MAGIC)
-        raw[HEADER_BYTES:].view(np.uint64)[::2] = np.arange(cap, dtype=np.uint64)
-        raw[HEADER_BYTES:].view(np.uint64)[1::2] = 0
+        slots = raw[HEADER_BYTES:].reshape(cap, SLOT_BYTES)
+        slots[:, :8].view(np.uint64)[:, 0] = np.arange(cap, dtype=np.uint64)  # seq at +0
+        slots[:, ITEM_OFFSET:] = 0
         direct = dt.kind in "iu" or dt.name in ("float32", "float64")
         kind = dt.kind if direct else "r"
         self._raw_dtype: np.dtype[Any] = dt if direct else np.dtype(f"u{dt.itemsize}")
@@ -264,6 +286,8 @@ class WorkQueue:
         self._ring: host_ring.RingOps = ring_type(self._array.ptr, cap, dt.itemsize, kind)
         self.backend = "python" if ring_type is host_ring.PyRing else "native"
         self._scalar: Callable[[Any], Any] = dt.type if direct else self._from_bits
+        self._shares_cores = any(d.type & cl.device_type.CPU for d in ctx.devices)
+        self._batch_spin_rounds = 1 if self._shares_cores else _SPIN_ROUNDS
         with _live_lock:
             _live.add(self)
 
@@ -350,7 +374,7 @@ class WorkQueue:
                 raise WorkQueueTimeout(
                     f"push timed out after {timeout} s: the queue stayed full", pushed=0
                 )
-            _backoff(ring, False, round_)
+            _backoff(ring, False, round_, shares_cores=self._shares_cores)
             round_ += 1
             status = ring.try_push(item)
 
@@ -392,7 +416,7 @@ class WorkQueue:
                             "items pushed",
                             pushed=done,
                         )
-                _backoff(ring, False, round_)
+                _backoff(ring, False, round_, min(n - done, _GATHER), self._batch_spin_rounds)
                 round_ += 1
         except BaseException as exc:  # an interrupt too: say how many items went in
             if not hasattr(exc, "pushed"):
@@ -419,7 +443,7 @@ class WorkQueue:
                 raise QueueClosed("pop on a closed and drained work queue")
             if _expired(deadline):
                 raise WorkQueueTimeout(f"pop timed out after {timeout} s: the queue stayed empty")
-            _backoff(ring, True, round_)
+            _backoff(ring, True, round_, shares_cores=self._shares_cores)
             round_ += 1
             value = ring.try_pop()
             if value is not None:
@@ -457,7 +481,7 @@ class WorkQueue:
                             f"pop_many timed out after {timeout} s: the queue stayed empty"
                         )
                     break
-                _backoff(ring, True, round_)
+                _backoff(ring, True, round_, min(n - got, _GATHER), self._batch_spin_rounds)
                 round_ += 1
         except BaseException as exc:  # an interrupt too: the items taken go with it
             exc.popped = out[:got]  # type: ignore[attr-defined]

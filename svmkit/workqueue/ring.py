@@ -19,9 +19,11 @@ statement are visible before the ``seq`` stores of the next.  The read-modify-wr
 performs each ``seq`` load and store through libatomic's ``__atomic_load_8`` (ACQUIRE) and
 ``__atomic_store_8`` (RELEASE), one item at a time: slower, but correct.
 
-The compare-exchange comes from libatomic (``__atomic_compare_exchange_8``) or, where that
-library is missing on x86-64, from a 9-byte ``lock cmpxchg`` routine placed in an executable
-page.  ``SVMKIT_HOSTATOMICS=python`` forces the pure-Python ring (``native`` requires C).
+The compare-exchange comes from libatomic (``__atomic_compare_exchange_8``); svmkit writes no
+machine code at run time (no executable memory).  ``SVMKIT_HOSTATOMICS=python`` forces the
+pure-Python ring (``native`` requires C).  Both rings take the layout from
+:mod:`svmkit.workqueue.layout`; the C ring is used only when the constants it was built with
+(``_cring.LAYOUT``) equal that module's, so a stale build cannot misread a ring.
 """
 
 from __future__ import annotations
@@ -29,10 +31,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import mmap
+import logging
 import os
 import platform
-import sys
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -40,11 +41,18 @@ from typing import Any, Protocol
 import numpy as np
 
 from svmkit.resources.base import host_bytes
+from svmkit.workqueue import layout
+from svmkit.workqueue.layout import (
+    CLOSED_BIT,
+    CLOSED_OFFSET,
+    HEAD_OFFSET,
+    HEADER_BYTES,
+    ITEM_OFFSET,
+    SLOT_BYTES,
+    TAIL_OFFSET,
+)
 
 __all__ = [
-    "CLOSED_BIT",
-    "HEADER_BYTES",
-    "SLOT_BYTES",
     "CasProvider",
     "PyRing",
     "RingOps",
@@ -53,14 +61,7 @@ __all__ = [
     "ring_class",
 ]
 
-CLOSED_BIT = 1 << 63
-HEAD_OFFSET = 0
-TAIL_OFFSET = 64
-CLOSED_OFFSET = 128
-PARAMS_OFFSET = 192
-HEADER_BYTES = 256
-SLOT_BYTES = 16
-MAGIC = 0x53564D51  # "SVMQ"
+log = logging.getLogger(__name__)
 
 HOST_IS_TSO = platform.machine().lower() in ("x86_64", "amd64", "x86", "i386", "i686")
 
@@ -78,7 +79,7 @@ class RingOps(Protocol):
     def closed(self) -> bool: ...
     def drained(self) -> bool: ...
     def length(self) -> int: ...
-    def wait(self, for_pop: bool, max_ns: int, /) -> None: ...
+    def wait(self, for_pop: bool, max_ns: int, want: int = 1, /) -> None: ...
 
 
 class CasProvider:
@@ -141,41 +142,13 @@ def _libatomic_provider(lib: ctypes.CDLL, name: str) -> CasProvider:
     return CasProvider(f"libatomic ({name})", cas, load, store)
 
 
-# mov rax, <expected>; lock cmpxchg [<ptr>], <desired>; ret
-_THUNK_SYSV = bytes.fromhex("4889f0f0480fb117c3")  # rdi, rsi, rdx
-_THUNK_WIN64 = bytes.fromhex("4889d0f04c0fb101c3")  # rcx, rdx, r8
-_thunk_pages: list[mmap.mmap] = []
-
-
-def _x86_thunk() -> CasProvider | None:
-    if platform.machine().lower() not in ("x86_64", "amd64") or sys.maxsize < 2**32:
-        return None
-    code = _THUNK_WIN64 if os.name == "nt" else _THUNK_SYSV
-    try:
-        if os.name == "nt":  # pragma: no cover - no Windows runner
-            return None
-        page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
-    except (OSError, ValueError, AttributeError):
-        return None
-    page.write(code)
-    _thunk_pages.append(page)  # keep the page mapped for the life of the process
-    address = ctypes.addressof(ctypes.c_char.from_buffer(page))
-    fn = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64)(
-        address
-    )
-    return CasProvider("x86-64 lock cmpxchg routine", lambda a, e, d: int(fn(a, e, d)))
-
-
 @functools.cache
-def cas_provider(prefer: str | None = None) -> CasProvider:
-    """The compare-exchange the pure-Python ring uses (``prefer``: "libatomic"/"thunk")."""
-    order = [_libatomic, _x86_thunk]
-    if prefer == "thunk":
-        order.reverse()
-    for make in order:
-        provider = make()
-        if provider is not None and (HOST_IS_TSO or provider.load is not None):
-            return provider
+def cas_provider() -> CasProvider:
+    """The compare-exchange (and atomic loads and stores) the pure-Python ring uses:
+    libatomic's, the only one (svmkit creates no executable memory)."""
+    provider = _libatomic()
+    if provider is not None:
+        return provider
     from svmkit.errors import UnsupportedError
 
     raise UnsupportedError(
@@ -214,11 +187,15 @@ class PyRing:
         raw = host_bytes(address, HEADER_BYTES + capacity * SLOT_BYTES)
         self._words = raw.view(np.uint64)
         self._closed_word = raw[CLOSED_OFFSET : CLOSED_OFFSET + 4].view(np.uint32)
-        self._seq = self._words[HEADER_BYTES // 8 :: 2]
+        self._seq = self._words[HEADER_BYTES // 8 :: SLOT_BYTES // 8]
         letter = "u" if kind == "r" else kind
         self._dtype = np.dtype(f"{letter}{itemsize}")
         self._items: np.ndarray[Any, Any] = np.ndarray(
-            (capacity,), self._dtype, buffer=raw, offset=HEADER_BYTES + 8, strides=(SLOT_BYTES,)
+            (capacity,),
+            self._dtype,
+            buffer=raw,
+            offset=HEADER_BYTES + ITEM_OFFSET,
+            strides=(SLOT_BYTES,),
         )
         self._tail_addr = address + TAIL_OFFSET
         self._head_addr = address + HEAD_OFFSET
@@ -391,15 +368,26 @@ class PyRing:
         tail = self._load_word(TAIL_OFFSET // 8) & ~CLOSED_BIT
         return max(0, min(tail - head, self._capacity))
 
-    def wait(self, for_pop: bool, max_ns: int) -> None:
+    def wait(self, for_pop: bool, max_ns: int, want: int = 1) -> None:
         """Give the CPU away once (the GIL is released while sleeping)."""
         time.sleep(0)
 
 
+@functools.cache
 def _native() -> type | None:
+    """The C ring, if it was built with this package's layout (else None, logged)."""
     try:
         from svmkit.workqueue import _cring
     except ImportError:
+        return None
+    built = getattr(_cring, "LAYOUT", None)
+    if built != layout.as_dict():
+        log.warning(
+            "svmkit.workqueue._cring was built with another ring layout (%r, expected %r): "
+            "using the pure-Python ring; reinstall svmkit to rebuild it",
+            built,
+            layout.as_dict(),
+        )
         return None
     return _cring.Ring
 
@@ -419,7 +407,10 @@ def ring_class(backend: str | None = None) -> Callable[..., RingOps]:
     if native is None:
         from svmkit.errors import UnsupportedError
 
-        raise UnsupportedError("svmkit.workqueue._cring was not built (no C compiler at install)")
+        raise UnsupportedError(
+            "svmkit.workqueue._cring is not available (not built: no C compiler at install; "
+            "or built with another ring layout)"
+        )
     if choice not in (None, "native"):
         from svmkit.errors import InvalidValueError
 

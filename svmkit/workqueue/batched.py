@@ -1,0 +1,138 @@
+"""Launch per batch: the comparison for :class:`~svmkit.WorkQueue`, and the mode a device
+without fine-grain SVM atomics (coarse-grain only, e.g. NVIDIA's OpenCL) uses instead.
+
+Each batch is one kernel launch over its items: ``kernel(batch_in, *extra, batch_out)`` with
+one work-item per item.  Coarse-grain buffers are the device's own memory until a command
+moves them (OpenCL 3.0 section 5.6.1: the host may touch coarse-grain SVM only between map
+and unmap, or through enqueued copies), so each batch is copied in, computed and copied out
+with three commands; fine-grain buffers need no copies (the host writes the batch in place
+and reads results once the launch completed).  ``depth`` batches are kept in flight, round
+robin over ``queues`` in-order command queues (several queues let a GPU overlap one
+batch's copies with another's kernel); ``depth=1`` waits for each batch (sync).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+
+from svmkit.arrays.creation import empty
+from svmkit.driver import calls
+from svmkit.errors import InvalidValueError
+from svmkit.ops import launch
+from svmkit.policy import Granularity, Policy
+
+__all__ = ["BatchedLaunches"]
+
+
+def _bytes(a: Any, nbytes: int) -> Any:
+    """An SVM pointer object over the first ``nbytes`` of array ``a`` (its whole self when
+    it has exactly that many)."""
+    return a if a.nbytes == nbytes else calls.svm_pointer(a.allocation.u8[:nbytes])
+
+
+class BatchedLaunches:
+    """Run batches of items as one launch each, ``depth`` batches in flight.
+
+    ``make_kernel()`` returns a new kernel object (each slot owns one, with its arguments
+    set once); ``extra`` are the arguments between the batch's input and output buffers.
+    ``policy`` picks the batch buffers: coarse-grain (copies) or fine-grain (in place).
+    """
+
+    def __init__(
+        self,
+        ctx: cl.Context,
+        queues: Sequence[cl.CommandQueue],
+        make_kernel: Callable[[], cl.Kernel],
+        batch: int,
+        *,
+        depth: int = 1,
+        extra: Sequence[Any] = (),
+        in_dtype: Any = np.int64,
+        out_dtype: Any = np.int64,
+        policy: Policy | None = None,
+    ) -> None:
+        if batch < 1 or depth < 1 or not queues:
+            raise InvalidValueError(
+                f"batch and depth must be >= 1 and queues non-empty, got {batch}, {depth}"
+            )
+        self.queues = list(queues)
+        self.batch, self.depth = batch, depth
+        pol = policy or Policy.coarse()
+        self.copies = pol.granularity is Granularity.COARSE
+        self.in_dtype, self.out_dtype = np.dtype(in_dtype), np.dtype(out_dtype)
+        self._slots = []
+        self._host_in: list[np.ndarray[Any, Any] | None] = []
+        for _ in range(depth):
+            dev_in = empty(ctx, batch, self.in_dtype, policy=pol)
+            dev_out = empty(ctx, batch, self.out_dtype, policy=pol)
+            kernel = make_kernel()
+            # Fine-grain: the host side of each buffer is one long-lived host view (an
+            # export per slot, not one per batch: an export dying is a finalizer, and a
+            # Ctrl-C that lands in a finalizer is lost to Python).
+            host_out = np.empty(batch, self.out_dtype) if self.copies else dev_out.host
+            self._slots.append((dev_in, dev_out, host_out, kernel))
+            self._host_in.append(None if self.copies else dev_in.host)
+        self._extra = tuple(extra)
+
+    def _submit(self, slot: int, queue: cl.CommandQueue, items: np.ndarray[Any, Any]) -> Any:
+        dev_in, dev_out, host_out, kernel = self._slots[slot]
+        k = len(items)
+        if self.copies:
+            # The slot's buffers stay alive and untouched until the batch is retired, so
+            # the copies go straight to the driver, over exactly the batch's bytes.
+            calls.enqueue_copy(queue, _bytes(dev_in, items.nbytes), calls.svm_pointer(items), None)
+        else:
+            host_in = self._host_in[slot]
+            assert host_in is not None
+            host_in[:k] = items
+        event = launch(queue, kernel, (k,), None, dev_in, *self._extra, dev_out)
+        if self.copies:
+            nbytes = k * host_out.itemsize
+            return calls.enqueue_copy(
+                queue, calls.svm_pointer(host_out[:k]), _bytes(dev_out, nbytes), None
+            )
+        return event
+
+    def _result(self, slot: int, k: int) -> np.ndarray[Any, Any]:
+        host_out = self._slots[slot][2]
+        return host_out[:k]
+
+    def run(
+        self, items: np.ndarray[Any, Any], out: np.ndarray[Any, Any]
+    ) -> tuple[float, np.ndarray[Any, Any]]:
+        """Process ``items`` batch by batch into ``out``: (seconds, per-batch µs from its
+        submission to its results on the host)."""
+        src = np.ascontiguousarray(items, dtype=self.in_dtype)
+        n, b = len(src), self.batch
+        nb = (n + b - 1) // b
+        lat = np.empty(nb)
+        inflight: deque[tuple[int, int, int, Any]] = deque()
+        clock = time.perf_counter_ns
+
+        def retire() -> None:
+            j, slot, t0, event = inflight.popleft()
+            event.wait()
+            lo = j * b
+            k = min(b, n - lo)
+            out[lo : lo + k] = self._result(slot, k)
+            lat[j] = (clock() - t0) / 1e3
+
+        start = time.perf_counter()
+        for j in range(nb):
+            if len(inflight) == self.depth:
+                retire()
+            slot = j % self.depth
+            t0 = clock()
+            event = self._submit(slot, self.queues[j % len(self.queues)], src[j * b : (j + 1) * b])
+            if self.depth > 1:
+                self.queues[j % len(self.queues)].flush()
+            inflight.append((j, slot, t0, event))
+        while inflight:
+            retire()
+        return time.perf_counter() - start, lat
