@@ -5,6 +5,7 @@
  * DEMO_BATCH indices from `work` into local memory (wq_group_pop), the whole group computes
  * them, and the leader pushes the results, (index << 32) | steps, to `results`
  * (wq_group_push), which the host pops: host -> device -> host through two queues.
+ * collatz_item: the single-item consumer the latency measure uses (one work-item, wq_pop).
  * collatz_launch: the same work as one launch per batch (the comparison, and the mode used
  * on devices without fine-grain SVM atomics; build it alone with -DSVMKIT_DEMO_BATCH_ONLY,
  * which needs no atomics).
@@ -28,6 +29,18 @@ inline long collatz_steps(long n)
 }
 
 #ifndef SVMKIT_DEMO_BATCH_ONLY
+/* The latency consumer: one work-item alone in its work-group pops single items (wq_pop),
+ * with no barrier between an item's arrival and its result. */
+__kernel void collatz_item(__global svmkit_wq *work, __global svmkit_wq *results,
+                           __global const long *starts)
+{
+    WQ_ITEM index;
+    while (wq_pop(work, &index)) {
+        if (!wq_push(results, (index << 32) | collatz_steps(starts[index])))
+            break;
+    }
+}
+
 __kernel void collatz_group(__global svmkit_wq *work, __global svmkit_wq *results,
                             __global const long *starts)
 {

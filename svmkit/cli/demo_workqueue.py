@@ -219,13 +219,21 @@ class QueueSide:
         program: cl.Program,
         starts: np.ndarray[Any, Any],
         args: argparse.Namespace,
+        *,
+        single_items: bool = False,
     ) -> None:
         self.starts = empty(ctx, len(starts), np.int64, policy=Policy.fine())
         self.starts.host[:] = starts
         self.work = WorkQueue(ctx, args.capacity)
         self.results = WorkQueue(ctx, args.capacity)
-        self.grid = persistent_grid(queue, host_threads=args.host_cores, local_size=args.local_size)
-        kernel = cl.Kernel(program, "collatz_group")
+        if single_items:  # latency: one work-item answering each item as it comes
+            self.grid: tuple[Any, Any] = ((1,), (1,))
+            kernel = cl.Kernel(program, "collatz_item")
+        else:
+            self.grid = persistent_grid(
+                queue, host_threads=args.host_cores, local_size=args.local_size
+            )
+            kernel = cl.Kernel(program, "collatz_group")
         self.event = launch(queue, kernel, *self.grid, self.work, self.results, self.starts)
         queue.flush()
         self.args = args
@@ -328,11 +336,11 @@ def _measure(
     if mode == "queue":
         program = build_program(ctx, _source(), defines={"DEMO_BATCH": GROUP_BATCH})
 
-    def running_queue() -> QueueSide:
+    def running_queue(single_items: bool = False) -> QueueSide:
         """A persistent kernel on fresh queues, already answering (so its launch is not
         timed); closed after its round, so the launch rounds get every core."""
         assert program is not None
-        side = QueueSide(ctx, queue, program, every, args)
+        side = QueueSide(ctx, queue, program, every, args, single_items=single_items)
         side.one(n)  # (the first light item) waits until the kernel runs
         return side
 
@@ -380,7 +388,7 @@ def _measure(
     for lo in range(0, len(light), chunk):
         span = range(lo, min(len(light), lo + chunk))
         if mode == "queue":
-            qs = running_queue()
+            qs = running_queue(single_items=True)
             try:
                 for j in span:
                     us, packed_one = qs.one(n + j)
