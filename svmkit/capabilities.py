@@ -18,7 +18,7 @@ from typing import Any
 
 import pyopencl as cl
 
-from svmkit.driver import calls
+from svmkit.driver import calls, fork
 from svmkit.driver.per_context import PerContext
 from svmkit.errors import UnsupportedError
 
@@ -305,6 +305,19 @@ def create_context(*, device_type: Any = None) -> cl.Context:
     UnsupportedError
         No usable device with SVM was found; the message lists what was found.
     """
+    try:
+        return _create_context(device_type)
+    except cl.Error as exc:
+        if not fork.forked:
+            raise
+        raise UnsupportedError(
+            "this process was forked after its parent used OpenCL, and the OpenCL driver "
+            f"cannot start again here ({exc}); CUDA-based drivers (NVIDIA's) do not survive "
+            "fork(): start processes with the 'spawn' method (multiprocessing, Dask)"
+        ) from exc
+
+
+def _create_context(device_type: Any) -> cl.Context:
     if os.environ.get("PYOPENCL_CTX"):
         ctx = cl.create_some_context(interactive=False)
         check_context_layout(ctx)

@@ -41,7 +41,8 @@ _no_system: PerContext[Policy] = PerContext(lambda ctx: Policy.best(ctx, system=
 
 def to_cl_array(a: SVMArray, queue: cl.CommandQueue | None = None) -> cla.Array:
     """``a.to_cl_array(queue)``: a ``pyopencl.array.Array`` over ``a``'s memory (an export;
-    ``free()`` of ``a`` also orders after ``queue``'s commands)."""
+    ``free()`` of ``a`` also orders after ``queue``'s commands), whose temporaries come
+    from :func:`cl_allocator` on ``queue``."""
     import pyopencl.array as cla
 
     alloc = a._live()
@@ -58,6 +59,11 @@ def to_cl_array(a: SVMArray, queue: cl.CommandQueue | None = None) -> cla.Array:
         data=calls.svm_pointer(span),
         offset=a.offset - lo,
         strides=a.strides,
+        # Its temporaries (results of operations, reduction stages) come from svmkit's pool
+        # too: SVM like the array, so a cached PyOpenCL kernel never sees one argument as
+        # an SVM pointer in one call and a cl_mem in the next (NVIDIA refuses that switch
+        # with CL_INVALID_KERNEL_ARGS).
+        allocator=cl_allocator(queue),
     )
 
 
