@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue as queue_mod
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -245,7 +246,7 @@ def test_a_driver_that_cannot_start_after_fork_is_a_clear_error(
 ) -> None:
     # NVIDIA's CUDA-based OpenCL fails every call in a forked child (clGetPlatformInfo:
     # CL_INVALID_DEVICE, seen on an H200): create_context says why instead of a driver error.
-    import svmkit.capabilities as capabilities_module
+    capabilities_module = sys.modules["svmkit.capabilities"]
     from svmkit.driver import fork as fork_module
 
     def broken(*_args: Any, **_kwargs: Any) -> Any:
