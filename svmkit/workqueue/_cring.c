@@ -468,7 +468,8 @@ static inline int slot_ready(Ring *self, int for_pop, uint64_t pos)
  * tail is ready, the queue closes, or max_ns passed.  With want > 1, once that slot is ready
  * it keeps spinning up to GATHER_NS for the slot want - 1 further on, so that a batch call
  * claims a run instead of trailing the agent on the other side slot by slot (each slot line
- * would bounce between them).  Returns nothing; callers retry. */
+ * would bounce between them).  True when it ended because the ring was ready (or closed),
+ * False when max_ns passed; callers retry either way. */
 static PyObject *Ring_wait(Ring *self, PyObject *args)
 {
     int for_pop;
@@ -484,6 +485,7 @@ static PyObject *Ring_wait(Ring *self, PyObject *args)
     uint64_t start = now_ns();
     uint64_t deadline = start + max_ns;
     uint64_t first_ready = 0;
+    int ready = 1;
     for (unsigned spins = 1;; spins++) {
         if (__atomic_load_n(self->closed, __ATOMIC_ACQUIRE))
             break;
@@ -498,11 +500,13 @@ static PyObject *Ring_wait(Ring *self, PyObject *args)
                 break;
         }
         cpu_relax();
-        if ((spins & 63) == 0 && now_ns() >= deadline)
+        if ((spins & 63) == 0 && now_ns() >= deadline) {
+            ready = 0;
             break;
+        }
     }
     Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
+    return PyBool_FromLong(ready);
 }
 
 static PyMethodDef Ring_methods[] = {

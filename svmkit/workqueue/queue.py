@@ -218,8 +218,8 @@ def _backoff(
     rounds = spin_rounds or _SPIN_ROUNDS
     if round_ < rounds:
         if shares_cores and rounds == _SPIN_ROUNDS:
-            ring.wait(for_pop, _BATCH_SPIN_NS, want)
-            os.sched_yield()
+            if not ring.wait(for_pop, _BATCH_SPIN_NS, want):
+                os.sched_yield()  # only when nothing came: a ready item is taken at once
         else:
             ring.wait(for_pop, _SPIN_NS if rounds == _SPIN_ROUNDS else _BATCH_SPIN_NS, want)
     else:

@@ -79,7 +79,7 @@ class RingOps(Protocol):
     def closed(self) -> bool: ...
     def drained(self) -> bool: ...
     def length(self) -> int: ...
-    def wait(self, for_pop: bool, max_ns: int, want: int = 1, /) -> None: ...
+    def wait(self, for_pop: bool, max_ns: int, want: int = 1, /) -> bool: ...
 
 
 class CasProvider:
@@ -368,9 +368,11 @@ class PyRing:
         tail = self._load_word(TAIL_OFFSET // 8) & ~CLOSED_BIT
         return max(0, min(tail - head, self._capacity))
 
-    def wait(self, for_pop: bool, max_ns: int, want: int = 1) -> None:
-        """Give the CPU away once (the GIL is released while sleeping)."""
+    def wait(self, for_pop: bool, max_ns: int, want: int = 1) -> bool:
+        """Give the CPU away once (the GIL is released while sleeping); False: the core
+        was already given away."""
         time.sleep(0)
+        return False
 
 
 @functools.cache
