@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from svmkit.events import EventRecord
+from svmkit.events.release import collecting, release_soon, release_thread_running
 from svmkit.events.mapstate import MapState
 
 if TYPE_CHECKING:
@@ -165,7 +166,12 @@ class Allocation:
         if self.freed:
             return
         try:
-            self.free()
+            if collecting() and release_thread_running():
+                # A garbage collection may have interrupted a pool holding its lock on
+                # this thread: the release thread frees it (no lock taken here).
+                release_soon(self.free)
+            else:
+                self.free()
         except Exception:  # never raise from a finaliser (interpreter may be exiting)
             pass
 

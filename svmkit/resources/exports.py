@@ -11,16 +11,16 @@ land in memory another array owns (Python's own rule: ``mmap.close()`` and
 
 How it is counted
 -----------------
-Every host export of one allocation hangs off one *owner*: a uint8 NumPy array over the
-allocation's bytes (:class:`HostOwner`) whose buffer is a ctypes array, so NumPy never
-collapses a view's ``base`` past it.  Each hand-out of memory (each :class:`Allocation`)
-gets its own owner, created on the first export and shared by later ones while it lives.
-An :class:`ExportRecord` counts the live owners.  An owner's death is learnt through a
-weakref callback, which runs inside a finalizer (perhaps a garbage collection that
-interrupted a pool holding its lock): it only hands the record to svmkit's release
-thread (:func:`~svmkit.events.release.release_soon`, no lock taken); the count changes
-there, under this module's lock, and the memory is released there once the count reaches
-zero and the allocation is freed.
+Each export hangs off an *owner* of its own: a uint8 NumPy array over the allocation's
+bytes (:class:`HostOwner`) whose buffer is a ctypes array, so NumPy never collapses a
+view's ``base`` past it, and every NumPy view, DLPack capsule or PyOpenCL array made from
+the export keeps it alive.  An owner belongs to one hand-out of memory (one
+:class:`Allocation`), never to the block a pool reuses.  An :class:`ExportRecord` counts
+the live owners.  An owner's finaliser only hands the record to svmkit's release thread
+(:func:`~svmkit.events.release.release_soon`, no lock taken: it may run inside a garbage
+collection that interrupted a pool holding its lock); the count changes there, under this
+module's lock, and the memory is released there once the count reaches zero and the
+allocation is freed.
 
 ``free()`` writes ``freed`` before it reads ``Allocation.exports``; making an export
 writes ``exports`` (and reserves a count) before it reads ``freed``.  So either the
@@ -37,7 +37,6 @@ import ctypes
 import gc
 import logging
 import threading
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -68,20 +67,21 @@ RECLAIM_WAIT_SECONDS = 5.0
 
 
 class HostOwner(np.ndarray):  # type: ignore[type-arg]
-    """The uint8 array every host export of one allocation is a view of (see module doc)."""
+    """The uint8 array a host export of one allocation is a view of (see module doc).
+
+    Its finaliser only hands the count to the release thread (no lock: it may run inside
+    a garbage collection that interrupted a pool holding its lock).  A finaliser, not a
+    weakref callback: a collection of a cycle that holds the owner, its record and the
+    allocation together runs finalisers but drops weakref callbacks of the trash.
+    """
 
     __slots__ = ("record",)
     record: ExportRecord
 
-
-class _OwnerRef(weakref.ref):  # type: ignore[type-arg]
-    __slots__ = ("record",)
-    record: ExportRecord
-
-
-def _owner_died(ref: _OwnerRef) -> None:
-    """Weakref callback (a finalizer): hand the count to the release thread, lock-free."""
-    release_soon(ref.record.dropped)
+    def __del__(self) -> None:
+        record = getattr(self, "record", None)  # slices of an owner have none
+        if record is not None:
+            release_soon(record.dropped)
 
 
 class ExportRecord:
@@ -92,12 +92,11 @@ class ExportRecord:
     cycle is broken when the last owner goes.
     """
 
-    __slots__ = ("__weakref__", "alloc", "count", "owner_ref", "queues", "released")
+    __slots__ = ("alloc", "count", "queues", "released")
 
     def __init__(self) -> None:
         self.alloc: Allocation | None = None
         self.count = 0
-        self.owner_ref: _OwnerRef | None = None
         self.queues: list[cl.CommandQueue] = []
         self.released = False
 
@@ -146,19 +145,9 @@ def _order_after(alloc: Allocation, queues: list[cl.CommandQueue]) -> None:
 
 
 def export_base(alloc: Allocation) -> HostOwner:
-    """The allocation's live :class:`HostOwner` (made on first use): every host export is
-    a view of it.  Raises :class:`~svmkit.UseAfterFreeError` once the allocation is
-    freed."""
-    record = alloc.exports
-    if record is not None:
-        ref = record.owner_ref
-        owner = ref() if ref is not None else None
-        if owner is not None and not alloc.freed:
-            return cast(HostOwner, owner)  # a live owner holds a count: frees now defer
-    return _new_owner(alloc)
-
-
-def _new_owner(alloc: Allocation) -> HostOwner:
+    """A new :class:`HostOwner` of the allocation (each export has its own, so a dying
+    owner can never be handed out again).  Raises :class:`~svmkit.UseAfterFreeError`
+    once the allocation is freed."""
     ensure_release_thread()  # owners die in finalizers, which cannot start a thread
     with _lock:
         record = alloc.exports
@@ -171,19 +160,11 @@ def _new_owner(alloc: Allocation) -> HostOwner:
                 "cannot export memory of a freed SVMArray (free(), enqueue_free() or the end "
                 "of a `with` block); it may already belong to another array"
             )
-        ref = record.owner_ref
-        owner = ref() if ref is not None else None
-        if owner is not None:  # another thread made one meanwhile
-            record.count -= 1
-            return cast(HostOwner, owner)
-        buffer: Any = (ctypes.c_uint8 * alloc.nbytes).from_address(alloc.ptr)
-        made = cast(HostOwner, np.ndarray.__new__(HostOwner, (alloc.nbytes,), np.uint8, buffer))
-        made.record = record
-        new_ref = _OwnerRef(made, _owner_died)
-        new_ref.record = record
-        record.owner_ref = new_ref
         record.alloc = alloc
-        return made
+    buffer: Any = (ctypes.c_uint8 * alloc.nbytes).from_address(alloc.ptr)
+    owner = cast(HostOwner, np.ndarray.__new__(HostOwner, (alloc.nbytes,), np.uint8, buffer))
+    owner.record = record  # from here on its finaliser gives the count back
+    return owner
 
 
 def host_export(
@@ -205,8 +186,9 @@ def host_export(
 def order_after_queue(alloc: Allocation, queue: cl.CommandQueue) -> None:
     """Make the allocation's release wait for the commands enqueued on ``queue`` when it
     happens (a ``pyopencl.array`` bridge's queue)."""
-    export_base(alloc)  # make sure the record exists
+    owner = export_base(alloc)  # makes sure the record exists
     record = alloc.exports
+    del owner
     assert record is not None
     with _lock:
         if not any(q is queue for q in record.queues):
