@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from svmkit.events import EventRecord
-from svmkit.events.release import collecting, release_soon, release_thread_running
 from svmkit.events.mapstate import MapState
+from svmkit.events.release import collecting, release_soon, release_thread_running
 
 if TYPE_CHECKING:
     import pyopencl as cl
