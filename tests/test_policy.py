@@ -197,7 +197,7 @@ def test_zero_size_allocates_nothing(ctx, no_driver):
 def test_driver_null_becomes_out_of_memory(ctx, monkeypatch):
     monkeypatch.setattr(entrypoints, "svm_alloc", lambda *args: 0)
     with pytest.raises(sk.OutOfMemoryError) as info:
-        sk.empty(ctx, 1000, dtype="u1", policy=sk.Policy.coarse())
+        sk.empty(ctx, 1000, dtype="u1", resource=sk.SVMResource(ctx, sk.Policy.coarse()))
     assert info.value.cl_error == "CL_MEM_OBJECT_ALLOCATION_FAILURE"
     assert info.value.nbytes == 1000
 

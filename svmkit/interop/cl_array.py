@@ -65,11 +65,13 @@ class _Block(cl.SVM):  # type: ignore[misc]
     queue: cl.CommandQueue
 
     def __del__(self) -> None:
-        release = _Release(self.allocation, self.queue)
+        allocation = getattr(self, "allocation", None)
+        if allocation is None:
+            return
         if collecting():  # perhaps inside a pool's lock: the release thread does it
-            release_soon(release)
+            release_soon(_Release(allocation, self.queue))
         else:
-            release()
+            _release(allocation, self.queue)
 
 
 class _Release:
@@ -79,12 +81,17 @@ class _Release:
         self.allocation, self.queue = allocation, queue
 
     def __call__(self) -> None:
-        allocation = self.allocation
-        try:
-            allocation.events.record(cl.enqueue_marker(self.queue))
-        except cl.Error:  # the queue is gone bad: wait for it instead
-            self.queue.finish()
-        allocation.free()
+        _release(self.allocation, self.queue)
+
+
+def _release(allocation: Allocation, queue: cl.CommandQueue) -> None:
+    """Give a lent block back once a marker enqueued on ``queue`` now has completed (it
+    follows every ``pyopencl.array`` command that may still use the block)."""
+    try:
+        allocation.events.record(cl.enqueue_marker(queue))
+    except cl.Error:  # the queue went bad: wait for it instead
+        queue.finish()
+    allocation.free()
 
 
 class CLAllocator:
