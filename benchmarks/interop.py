@@ -96,12 +96,20 @@ def host_rows(ctx: cl.Context, table: Table, budget: float) -> None:
     a_dl = sk.zeros(ctx, 8, policy=policy)
     ours = per_call_us(lambda: np.from_dlpack(a_dl), budget)
     ref = per_call_us(lambda: np.from_dlpack(n_dl), budget)
-    table.add("`np.from_dlpack(a)` per call", f"{ours:.2f} µs", f"{ref:.2f} µs (NumPy array)",
-              f"+{ours - ref:.2f} µs")
+    table.add(
+        "`np.from_dlpack(a)` per call",
+        f"{ours:.2f} µs",
+        f"{ref:.2f} µs (NumPy array)",
+        f"+{ours - ref:.2f} µs",
+    )
     ours = per_call_us(lambda: a_dl.__dlpack__(), budget)
     ref = per_call_us(lambda: n_dl.__dlpack__(), budget)
-    table.add("`a.__dlpack__()` per call", f"{ours:.2f} µs", f"{ref:.2f} µs (NumPy array)",
-              f"+{ours - ref:.2f} µs")
+    table.add(
+        "`a.__dlpack__()` per call",
+        f"{ours:.2f} µs",
+        f"{ref:.2f} µs (NumPy array)",
+        f"+{ours - ref:.2f} µs",
+    )
     for nbytes in (SMALL, LARGE):
         a = sk.zeros(ctx, nbytes // 8, policy=policy)
         h = a.host
@@ -116,14 +124,23 @@ def host_rows(ctx: cl.Context, table: Table, budget: float) -> None:
             ref = per_call_us(ref_fn, b)
             if nbytes == SMALL:
                 ok = "met" if ours - ref <= 3.0 else "missed"
-                table.add(f"{name}, {label}", f"{ours:.2f} µs", f"{ref:.2f} µs (NumPy on a.host)",
-                          f"+{ours - ref:.2f} µs", f"<= +3 µs: {ok}")
+                table.add(
+                    f"{name}, {label}",
+                    f"{ours:.2f} µs",
+                    f"{ref:.2f} µs (NumPy on a.host)",
+                    f"+{ours - ref:.2f} µs",
+                    f"<= +3 µs: {ok}",
+                )
             else:
                 share = ref / ours
                 ok = "met" if share >= 0.95 else "missed"
-                table.add(f"{name}, {label}", f"{gbs(nbytes, ours):.2f} GB/s",
-                          f"{gbs(nbytes, ref):.2f} GB/s (NumPy on a.host)", f"{share:.0%}",
-                          f">= 95 %: {ok}")
+                table.add(
+                    f"{name}, {label}",
+                    f"{gbs(nbytes, ours):.2f} GB/s",
+                    f"{gbs(nbytes, ref):.2f} GB/s (NumPy on a.host)",
+                    f"{share:.0%}",
+                    f">= 95 %: {ok}",
+                )
         del h
         a.free()
     pool = sk.Pool(ctx, policy)
@@ -132,8 +149,13 @@ def host_rows(ctx: cl.Context, table: Table, budget: float) -> None:
         pool.empty(8).free()
 
     ours = per_call_us(empty_free, budget)
-    table.add("`pool.empty(8)` + `free()`, never exported", f"{ours:.2f} µs", "see pools.py",
-              "", "export bookkeeping <= +0.2 µs")
+    table.add(
+        "`pool.empty(8)` + `free()`, never exported",
+        f"{ours:.2f} µs",
+        "see pools.py",
+        "",
+        "export bookkeeping <= +0.2 µs",
+    )
 
 
 def allocator_rows(ctx: cl.Context, queue: cl.CommandQueue, table: Table, budget: float) -> None:
@@ -150,12 +172,22 @@ def allocator_rows(ctx: cl.Context, queue: cl.CommandQueue, table: Table, budget
     ours = per_call_us(ours_call, budget)
     ref = per_call_us(ref_call, budget)
     ok = "met" if ref / ours >= 3 else "missed"
-    table.add("allocator call, 4 KiB (and drop)", f"{ours:.2f} µs",
-              f"{ref:.2f} µs (PyOpenCL `SVMPool`)", f"{ref / ours:.2f}x", f">= 3x: {ok}")
+    table.add(
+        "allocator call, 4 KiB (and drop)",
+        f"{ours:.2f} µs",
+        f"{ref:.2f} µs (PyOpenCL `SVMPool`)",
+        f"{ref / ours:.2f}x",
+        f">= 3x: {ok}",
+    )
     ours = per_call_us(lambda: cla.empty(queue, 1024, np.float32, allocator=ours_alloc), budget)
     ref = per_call_us(lambda: cla.empty(queue, 1024, np.float32, allocator=svm_pool), budget)
-    table.add("`cla.empty(queue, 1024, float32, allocator=...)`", f"{ours:.2f} µs",
-              f"{ref:.2f} µs (PyOpenCL `SVMPool`)", f"{ref / ours:.2f}x", "(report)")
+    table.add(
+        "`cla.empty(queue, 1024, float32, allocator=...)`",
+        f"{ours:.2f} µs",
+        f"{ref:.2f} µs (PyOpenCL `SVMPool`)",
+        f"{ref / ours:.2f}x",
+        "(report)",
+    )
     queue.finish()
 
 
@@ -179,6 +211,7 @@ def device_rows(ctx: cl.Context, queue: cl.CommandQueue, table: Table, budget: f
             ("`2*x+1`", lambda xc=xc: 2 * xc + 1, lambda x=x_ref: 2 * x + 1),
             ("`cla.sum(x)`", lambda xc=xc: cla.sum(xc), lambda x=x_ref: cla.sum(x)),
         ):
+
             def timed(fn: Callable[[], Any]) -> Callable[[], None]:
                 def run() -> None:
                     fn()
@@ -188,8 +221,12 @@ def device_rows(ctx: cl.Context, queue: cl.CommandQueue, table: Table, budget: f
 
             ours = per_call_us(timed(ours_fn), b)
             ref = per_call_us(timed(ref_fn), b)
-            table.add(f"{name} via pyopencl.array, {label}", f"{ours:.1f} µs",
-                      f"{ref:.1f} µs (PyOpenCL `SVMPool`)", f"{ref / ours:.2f}x")
+            table.add(
+                f"{name} via pyopencl.array, {label}",
+                f"{ours:.1f} µs",
+                f"{ref:.1f} µs (PyOpenCL `SVMPool`)",
+                f"{ref / ours:.2f}x",
+            )
             for lib, (make, sync) in others.items():
                 y = make(n)
                 fn = (lambda y=y: 2 * y + 1) if "2*x" in name else (lambda y=y: y.sum())
@@ -199,8 +236,12 @@ def device_rows(ctx: cl.Context, queue: cl.CommandQueue, table: Table, budget: f
                     sync()
 
                 t = per_call_us(run, b)
-                table.add(f"{name}, {label}: {lib}", f"{ours:.1f} µs (svmkit)", f"{t:.1f} µs",
-                          f"{t / ours:.2f}x")
+                table.add(
+                    f"{name}, {label}: {lib}",
+                    f"{ours:.1f} µs (svmkit)",
+                    f"{t:.1f} µs",
+                    f"{t / ours:.2f}x",
+                )
         del xc
         x_ours.free()
         queue.finish()

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import svmkit as sk
+from svmkit import events
 
 
 @pytest.mark.needs("coarse")
