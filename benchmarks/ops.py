@@ -118,17 +118,16 @@ def python_cost(
     queue: cl.CommandQueue, fns: dict[str, Callable[[], Any]], calls: int, batches: int
 ) -> dict[str, float]:
     """Per-call time of svmkit's own Python work: the driver entry points stubbed out."""
-    import svmkit.mapping
-    import svmkit.ops.transfer
+    import svmkit.driver.calls as driver_calls
 
     done = cl.enqueue_marker(queue)
     done.wait()
-    saved = svmkit.ops.transfer._cl, svmkit.mapping._cl
-    svmkit.ops.transfer._cl = svmkit.mapping._cl = _Stub(done)  # type: ignore[assignment]
+    saved = driver_calls._cl
+    driver_calls._cl = _Stub(done)  # type: ignore[assignment]
     try:
         return per_call_us(fns, calls, batches, lambda: None)
     finally:
-        svmkit.ops.transfer._cl, svmkit.mapping._cl = saved
+        driver_calls._cl = saved
 
 
 class Pair:

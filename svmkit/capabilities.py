@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyopencl as cl
-from pyopencl import _cl
 
+from svmkit.driver import calls
 from svmkit.driver.per_context import PerContext
 from svmkit.errors import UnsupportedError
 
@@ -254,7 +254,7 @@ def compiler_failure(device: cl.Device) -> str | None:
         return _compiler_failures[key]
     failure: str | None = None
     try:
-        program = _cl._Program(cl.Context([device]), _PROBE_SOURCE)
+        program = calls.new_program(cl.Context([device]), _PROBE_SOURCE, cached=False)
         try:
             with warnings.catch_warnings():  # the build log of a working compiler
                 warnings.simplefilter("ignore", cl.CompilerWarning)

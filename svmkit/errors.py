@@ -6,14 +6,12 @@ Every error svmkit raises on purpose derives from :class:`SVMError` and carries
 (``ValueError``, ``MemoryError``) derive from it too, so ``except ValueError`` keeps
 working for code that does not know svmkit.
 
-:func:`translate` is the single wrapper through which driver errors pass: it maps a
-``pyopencl.Error`` to the matching svmkit class and chains the original with ``from``.
+:func:`translate` maps a ``pyopencl.Error`` to the matching svmkit class; the driver
+chokepoint (:mod:`svmkit.driver.calls`) raises it ``from`` the original for every call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 __all__ = [
@@ -29,7 +27,6 @@ __all__ = [
     "cl_error_name",
     "error_for_name",
     "translate",
-    "translated",
 ]
 
 
@@ -187,14 +184,3 @@ def error_for_name(name: str | None, message: str, *, nbytes: int = 0) -> SVMErr
     if cls is OutOfMemoryError:
         return OutOfMemoryError(message, nbytes=nbytes, cl_error=name)
     return cls(message, cl_error=name)
-
-
-@contextmanager
-def translated(what: str, *, nbytes: int = 0) -> Iterator[None]:
-    """Run a block of PyOpenCL calls, re-raising driver errors as svmkit errors."""
-    import pyopencl as cl
-
-    try:
-        yield
-    except cl.Error as exc:
-        raise translate(exc, what=what, nbytes=nbytes) from exc

@@ -20,20 +20,19 @@ from typing import Any
 
 import numpy as np
 import pyopencl as cl
-from pyopencl import _cl
 
 from svmkit.arrays.array import SVMArray
-from svmkit.errors import InvalidValueError, translate
+from svmkit.driver import calls
+from svmkit.errors import InvalidValueError
 from svmkit.events import check_wait_for, wait_pending
 from svmkit.events.mapstate import DriverMap, MapState, OpenMap
 from svmkit.resources.base import Allocation
 from svmkit.rules import (
     MAP_FLAGS,
-    check_live,
     check_map_mode,
     check_queue,
     check_wait_status,
-    span,
+    is_contiguous,
 )
 
 __all__ = ["Mapping", "mapped"]
@@ -96,7 +95,7 @@ def mapped(
     if not isinstance(a, SVMArray):
         raise InvalidValueError(f"mapped() maps an SVMArray, got {type(a).__name__}")
     flags = check_map_mode(mode)
-    alloc = check_live(a)
+    alloc = a._live()
     queue = check_queue(queue, alloc.context)
     return Mapping(queue, a, flags, check_wait_for(alloc.context, wait_for))
 
@@ -122,7 +121,7 @@ class Mapping:
                 "this mapped() block is already open; call mapped() again to nest another map"
             )
         a = self._array
-        alloc = check_live(a)
+        alloc = a._live()
         check_wait_status(self._wait, "mapped()")
         # FINE/SYSTEM: an export (it keeps the memory alive); COARSE: valid in the block only
         view = a._view if alloc.policy.needs_map else a.host
@@ -133,7 +132,7 @@ class Mapping:
             wait_pending(alloc.events.pending() + self._wait)
             self._open = True
             return view
-        lo, hi = span(a)
+        lo, hi = a._span()
         writes = self._flags != _READ
         state = map_state_of(alloc)
         with state.lock:
@@ -150,7 +149,7 @@ class Mapping:
             # The array itself is an SVM pointer object over exactly [lo, hi) when it is
             # contiguous: no new pointer object on the common path.
             a = self._array
-            own = a if a._view.flags.c_contiguous or a._view.flags.f_contiguous else None
+            own = a if is_contiguous(a._view) else None
             self._driver_map(state, alloc, lo, hi, writes, self._flags, wait, own)
         elif current.start <= lo and hi <= current.stop and (current.writes or not writes):
             wait_pending(wait)  # already mapped: only order after pending work
@@ -181,13 +180,8 @@ class Mapping:
         svm: Any = None,
     ) -> None:
         if svm is None:
-            svm = cl.SVM(alloc.u8[lo:hi])
-        try:
-            # Non-blocking enqueue, then wait: PyOpenCL holds the GIL inside a blocking
-            # map, which deadlocks when another Python thread must complete ``wait``.
-            _cl._enqueue_svm_map(self._queue, 0, flags, svm, wait or None, None).wait()
-        except cl.Error as exc:
-            raise translate(exc, what=f"clEnqueueSVMMap of bytes [{lo}, {hi})") from exc
+            svm = calls.svm_pointer(alloc.u8[lo:hi])
+        calls.map_and_wait(self._queue, flags, svm, wait)
         state.set_driver(DriverMap(lo, hi, writes, svm, self._queue))
 
     def __exit__(self, *exc: object) -> None:
@@ -217,9 +211,4 @@ class Mapping:
 
 
 def _unmap(driver: DriverMap) -> cl.Event:
-    try:
-        return _cl._enqueue_svm_unmap(driver.queue, driver.svm, None)
-    except cl.Error as exc:
-        raise translate(
-            exc, what=f"clEnqueueSVMUnmap of bytes [{driver.start}, {driver.stop})"
-        ) from exc
+    return calls.enqueue_unmap(driver.queue, driver.svm)

@@ -24,7 +24,6 @@ from svmkit.errors import (
 )
 
 if TYPE_CHECKING:
-    from svmkit.arrays.array import SVMArray
     from svmkit.resources.base import Allocation
 
 __all__ = [
@@ -34,7 +33,6 @@ __all__ = [
     "check_contiguous",
     "check_fill_target",
     "check_kernel_context",
-    "check_live",
     "check_map_mode",
     "check_migrate_to",
     "check_no_overlap",
@@ -45,7 +43,8 @@ __all__ = [
     "check_same_nbytes",
     "check_wait_status",
     "context_of",
-    "span",
+    "is_contiguous",
+    "use_after_free",
 ]
 
 PATTERN_SIZES = frozenset({1, 2, 4, 8, 16, 32, 64, 128})
@@ -86,16 +85,13 @@ def check_queue(queue: Any, context: cl.Context) -> cl.CommandQueue:
     return queue
 
 
-def check_live(a: SVMArray) -> Allocation:
-    """The allocation of ``a``; :class:`UseAfterFreeError` once freed (spec, clSVMFree:
-    using memory after it was freed is undefined)."""
-    alloc = a._alloc
-    if alloc.freed:
-        raise UseAfterFreeError(
-            f"this {a._describe()} was freed (free(), enqueue_free() or the end of a `with` "
-            "block); its memory may already belong to another array"
-        )
-    return alloc
+def use_after_free(what: str) -> UseAfterFreeError:
+    """The error for any use of ``what`` (an array or view) after it was freed (spec,
+    clSVMFree: using memory after it was freed is undefined)."""
+    return UseAfterFreeError(
+        f"this {what} was freed (free(), enqueue_free() or the end of a `with` block); "
+        "its memory may already belong to another array"
+    )
 
 
 def check_same_context(alloc: Allocation, context: cl.Context, name: str) -> None:
@@ -131,28 +127,23 @@ def check_kernel_context(kernel: cl.Kernel, context: cl.Context) -> None:
         raise InvalidContextError("the kernel belongs to another context than the queue")
 
 
-def span(a: SVMArray) -> tuple[int, int]:
-    """``(start, stop)`` offsets into the allocation of the bytes ``a`` touches (O(1) for
-    contiguous arrays)."""
-    view = a._view
-    flags = view.flags
-    if flags.c_contiguous or flags.f_contiguous:
-        return a._offset, a._offset + view.nbytes
-    return a.byte_range()
-
-
-def check_command(a: SVMArray, alloc: Allocation, writes: bool, what: str) -> None:
-    """Map-state rule for a command on ``a`` (spec, clEnqueueSVMMap: a region mapped for
-    writing may not be used by commands; one mapped for reading may not be written)."""
+def check_command(alloc: Allocation, lo: int, hi: int, writes: bool, what: str) -> None:
+    """Map-state rule for a command on bytes ``[lo, hi)`` of ``alloc`` (spec,
+    clEnqueueSVMMap: a region mapped for writing may not be used by commands; one mapped
+    for reading may not be written)."""
     state = alloc.map_state
     if state is not None and state.stop:
-        lo, hi = span(a)
         state.check_command(lo, hi, writes, what)
 
 
-def check_contiguous(a: Any, name: str) -> None:
+def is_contiguous(view: np.ndarray[Any, Any]) -> bool:
+    """Whether a view's bytes form one gap-free run (C or Fortran order)."""
+    flags = view.flags
+    return bool(flags.c_contiguous or flags.f_contiguous)
+
+
+def check_contiguous(view: np.ndarray[Any, Any], name: str) -> None:
     """SVM commands take one pointer and a size: the bytes must form one run."""
-    view = a._view if hasattr(a, "_view") else a
     flags = view.flags
     if not (flags.c_contiguous or flags.f_contiguous):
         raise InvalidValueError(

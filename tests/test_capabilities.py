@@ -182,6 +182,6 @@ def test_compiler_failure_reports_the_first_line_of_the_build_log(ctx, monkeypat
             return "\n  error: unknown target CPU 'generic'\nmore\n"
 
     device = ctx.devices[0]
-    monkeypatch.setattr(capmod._cl, "_Program", Broken)
+    monkeypatch.setattr(sys.modules["svmkit.driver.calls"]._cl, "_Program", Broken)
     monkeypatch.setattr(capmod, "_compiler_failures", {})
     assert capmod.compiler_failure(device) == "error: unknown target CPU 'generic'"

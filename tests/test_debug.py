@@ -32,9 +32,12 @@ def make_victim(pool: sk.Pool) -> sk.SVMArray:
 def test_off_by_default_pays_nothing(ctx, monkeypatch):
     monkeypatch.delenv("SVMKIT_DEBUG", raising=False)
     pool = sk.Pool(ctx)
-    assert "allocate" not in vars(pool) and "deallocate" not in vars(pool)
+    assert pool.resource is pool.pool and pool.debug is None  # no adaptor in the way
+    assert type(pool.pool).allocate is sk.PoolResource.allocate  # nothing patched
     monkeypatch.setenv("SVMKIT_DEBUG", "1")
-    assert "allocate" in vars(sk.Pool(ctx))
+    debugged = sk.Pool(ctx)
+    assert isinstance(debugged.resource, sk.DebugAdaptor)
+    assert debugged.resource.upstream is debugged.pool and debugged.debug is not None
 
 
 def raw_int32(ptr: int, n: int) -> np.ndarray:

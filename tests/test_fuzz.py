@@ -344,7 +344,7 @@ class SVMMachine(RuleBasedStateMachine):
             return
         assert isinstance(a, sk.SVMArray)
         assert a.shape == (n,) and a.dtype == dtype and a.policy == res.policy
-        assert a.allocation.resource is res
+        assert a.allocation.resource is (res.resource if isinstance(res, sk.Pool) else res)
         if n and alignment:
             assert a.ptr % alignment == 0
         nbytes = n * dtype.itemsize

@@ -252,14 +252,15 @@ def test_max_cached_bytes_sends_the_excess_upstream(ctx: cl.Context) -> None:
 # -- sk.Pool and the adaptors' figures ----------------------------------------------------
 def test_pool_convenience_constructors_and_stats(ctx: cl.Context, policy: sk.Policy) -> None:
     pool = sk.Pool(ctx, policy)
-    assert isinstance(pool, sk.PoolResource)  # statistics are the pool's own counters
-    assert isinstance(pool.upstream, sk.SVMResource)
+    assert isinstance(pool, sk.MemoryResource) and not isinstance(pool, sk.PoolResource)
+    assert isinstance(pool.pool, sk.PoolResource)  # composed: statistics are its counters
+    assert isinstance(pool.pool.upstream, sk.SVMResource)
     a = pool.empty((4, 4), np.float32)
     z = pool.zeros(10, np.int64)
     o = pool.ones(3)
     f = pool.full(5, 7, np.int16)
     s = pool.asarray(np.arange(6.0))
-    assert all(x.allocation.resource is pool for x in (a, z, o, f, s))
+    assert all(x.allocation.resource is pool.resource for x in (a, z, o, f, s))
     np.testing.assert_array_equal(z.get(), np.zeros(10))
     np.testing.assert_array_equal(o.get(), np.ones(3))
     np.testing.assert_array_equal(f.get(), np.full(5, 7))

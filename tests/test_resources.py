@@ -60,7 +60,7 @@ def _write(ctx: cl.Context, alloc: sk.Allocation, data: np.ndarray) -> None:
 def test_allocation_record(mr: sk.MemoryResource, ctx: cl.Context, policy: sk.Policy) -> None:
     a = mr.allocate(1000)
     assert a.ptr != 0 and a.nbytes == 1000 and a.u8.size == 1000
-    assert a.resource is mr and a.context == ctx and a.policy == policy
+    assert mr.owns(a) and a.context == ctx and a.policy == policy
     assert mr.serves(ctx, policy) and not a.freed
     a.free()
     assert a.freed
@@ -133,12 +133,12 @@ def test_free_is_idempotent_and_memory_is_reusable(mr: sk.MemoryResource) -> Non
 
 def test_arrays_draw_from_the_resource(mr: sk.MemoryResource, ctx: cl.Context) -> None:
     a = sk.zeros(ctx, (3, 5), np.int32, resource=mr)
-    assert a.allocation.resource is mr
+    assert mr.owns(a.allocation)
     a.set(np.arange(15, dtype=np.int32).reshape(3, 5))
     np.testing.assert_array_equal(a.get(), np.arange(15).reshape(3, 5))
     with sk.use_resource(mr):
         b = sk.full(ctx, 7, 2.5, policy=mr.policy)
-    assert b.allocation.resource is mr
+    assert mr.owns(b.allocation)
     np.testing.assert_array_equal(b.get(), np.full(7, 2.5))
     a.free()
     b.free()

@@ -19,23 +19,18 @@ import numpy as np
 import pyopencl as cl
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from svmkit.driver.queues import default_queue
-from svmkit.errors import InvalidContextError, InvalidValueError, MapStateError, UseAfterFreeError
-from svmkit.events import check_wait_for, release_after, wait_pending
+from svmkit.driver import calls
+from svmkit.errors import InvalidValueError, MapStateError
+from svmkit.events.record import check_wait_for, wait_pending
+from svmkit.events.release import release_after
 from svmkit.policy import Policy
 from svmkit.resources.base import Allocation
 from svmkit.resources.exports import host_export
-from svmkit.rules import check_command, check_queue
+from svmkit.rules import check_command, check_queue, is_contiguous, use_after_free
 
-__all__ = ["SVMArray", "byte_extent", "is_contiguous"]
+__all__ = ["SVMArray", "byte_extent"]
 
 FreeCallback = Callable[[cl.CommandQueue, list["SVMArray"]], Any]
-
-
-def is_contiguous(view: np.ndarray[Any, Any]) -> bool:
-    """Whether a view's bytes form one gap-free run (C or Fortran order)."""
-    flags = view.flags
-    return bool(flags.c_contiguous or flags.f_contiguous)
 
 
 def byte_extent(view: np.ndarray[Any, Any]) -> tuple[int, int]:
@@ -95,7 +90,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         self, alloc: Allocation, view: np.ndarray[Any, Any], base: SVMArray | None = None
     ) -> None:
         offset = view.__array_interface__["data"][0] - alloc.ptr if alloc.nbytes else 0
-        if view.flags.c_contiguous or view.flags.f_contiguous:
+        if is_contiguous(view):
             super().__init__(view)
         else:  # PyOpenCL's SVM pointer wants contiguous memory: point at element 0's bytes
             super().__init__(alloc.u8[offset : byte_extent(view)[1] - alloc.ptr])
@@ -186,13 +181,27 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         return lo - base, hi - base
 
     def _live(self) -> Allocation:
+        """The allocation, or :class:`~svmkit.UseAfterFreeError` once it was freed."""
         alloc = self._alloc
         if alloc.freed:
-            raise UseAfterFreeError(
-                f"this {self._describe()} was freed (free(), enqueue_free() or the end of a "
-                "`with` block); its memory may already belong to another array"
-            )
+            raise use_after_free(self._describe())
         return alloc
+
+    def _span(self) -> tuple[int, int]:
+        """``(start, stop)`` offsets into the allocation of the bytes this array touches
+        (O(1) for contiguous arrays)."""
+        view = self._view
+        if is_contiguous(view):
+            return self._offset, self._offset + view.nbytes
+        return self.byte_range()
+
+    def _check_command(self, alloc: Allocation, writes: bool, what: str) -> None:
+        """The map-state rule for a command on this array's bytes (see
+        :func:`svmkit.rules.check_command`)."""
+        state = alloc.map_state
+        if state is not None and state.stop:
+            lo, hi = self._span()
+            check_command(alloc, lo, hi, writes, what)
 
     def _describe(self) -> str:
         kind = "view" if self.base is not None else "array"
@@ -306,13 +315,6 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         return SVMArray(self._alloc, self._view.T, self.base if self.base is not None else self)
 
     # -- transfers ------------------------------------------------------------------------
-    def _queue_for(self, queue: cl.CommandQueue | None) -> cl.CommandQueue:
-        if queue is None:
-            return default_queue(self._alloc.context)
-        if queue.context != self._alloc.context:
-            raise InvalidContextError("the queue belongs to another context than the array")
-        return queue
-
     def get(self, queue: cl.CommandQueue | None = None) -> np.ndarray[Any, Any]:
         """A new NumPy array holding the contents, after all recorded work on the array.
 
@@ -320,6 +322,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         ``clEnqueueSVMMemcpy`` (no map), so this works outside ``mapped``.
         """
         alloc = self._live()
+        queue = check_queue(queue, alloc.context)  # CL_INVALID_COMMAND_QUEUE / _CONTEXT
         out = np.empty(self.shape, self.dtype)
         if out.size == 0:
             return out
@@ -328,11 +331,10 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
             wait_pending(pending)
             out[...] = self._view
             return out
-        check_command(self, alloc, False, "get()")
-        queue = self._queue_for(queue)
+        self._check_command(alloc, False, "get()")
         if self.contiguous:
             target = out if self._view.flags.c_contiguous else np.asfortranarray(out)
-            _copy_and_wait(queue, target, self, pending)
+            calls.copy_and_wait(queue, target, self, pending)
             if target is not out:
                 out[...] = target
             return out
@@ -347,6 +349,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         SVM (the source may be reused at once).
         """
         alloc = self._live()
+        queue = check_queue(queue, alloc.context)  # CL_INVALID_COMMAND_QUEUE / _CONTEXT
         src = np.asarray(ary, dtype=self.dtype)
         try:
             src = np.broadcast_to(src, self.shape)
@@ -361,27 +364,26 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
             wait_pending(pending)
             self._view[...] = src
             return
-        check_command(self, alloc, True, "set()")
-        queue = self._queue_for(queue)
+        self._check_command(alloc, True, "set()")
         if self._view.flags.c_contiguous:
             # PyOpenCL wraps the source as an SVM pointer, which needs a writable buffer.
             flags = src.flags
             data = src if flags.c_contiguous and flags.writeable else np.array(src, order="C")
-            _copy_and_wait(queue, self, data, pending)
+            calls.copy_and_wait(queue, self, data, pending)
             return
         # Strided COARSE view: read the bytes it spans, patch them, write them back.
         span = self._read_span(queue, pending)
         self._strided(span)[...] = src
         lo, hi = byte_extent(self._view)
-        dst = cl.SVM(alloc.u8[lo - alloc.ptr : hi - alloc.ptr])
-        _copy_and_wait(queue, dst, span, [])
+        dst = calls.svm_pointer(alloc.u8[lo - alloc.ptr : hi - alloc.ptr])
+        calls.copy_and_wait(queue, dst, span, [])
 
     def _read_span(self, queue: cl.CommandQueue, pending: list[cl.Event]) -> np.ndarray[Any, Any]:
         alloc = self._alloc
         lo, hi = byte_extent(self._view)
         span = np.empty(hi - lo, np.uint8)
-        src = cl.SVM(alloc.u8[lo - alloc.ptr : hi - alloc.ptr])
-        _copy_and_wait(queue, span, src, pending)
+        src = calls.svm_pointer(alloc.u8[lo - alloc.ptr : hi - alloc.ptr])
+        calls.copy_and_wait(queue, span, src, pending)
         return span
 
     def _strided(self, span: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -436,7 +438,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
                 "leave the `mapped` block first (the spec forbids freeing mapped memory "
                 "before it is unmapped)"
             )
-        marker = cl.enqueue_marker(queue, wait_for=events or None)
+        marker = calls.enqueue_marker(queue, events)
         alloc.events.record(marker)
         alloc.free()
         if callback is not None:
@@ -615,12 +617,6 @@ def _adopt_operators(cls: type) -> None:
 
 
 _adopt_operators(SVMArray)
-
-
-def _copy_and_wait(queue: cl.CommandQueue, dst: Any, src: Any, wait_for: list[cl.Event]) -> None:
-    """``clEnqueueSVMMemcpy`` then wait: PyOpenCL holds the GIL inside a *blocking* SVM
-    copy, so a ``wait_for`` event that another Python thread completes would deadlock."""
-    cl.enqueue_copy(queue, dst, src, wait_for=wait_for or None, is_blocking=False).wait()
 
 
 class _Once:

@@ -13,20 +13,20 @@ import pyopencl as cl
 
 from svmkit.arrays.array import SVMArray, _shape_tuple, nbytes_of
 from svmkit.arrays.importing import host_data, is_cl_array, svm_of_cl_array
-from svmkit.driver import entrypoints
+from svmkit.driver import calls
 from svmkit.driver.per_context import PerContext
 from svmkit.driver.queues import default_queue
 from svmkit.errors import InvalidContextError, InvalidValueError
 from svmkit.policy import Policy
 from svmkit.resources.base import MemoryResource
 from svmkit.resources.current import current_resource
+from svmkit.rules import PATTERN_SIZES
 
 __all__ = ["asarray", "empty", "empty_like", "full", "ones", "zeros", "zeros_like"]
 
 _best: PerContext[Policy] = PerContext(Policy.best)
 _MEMO_VIEWS = 8  # typed views cached per pooled block
 _wrap = SVMArray._wrap
-_FILL_PATTERN_SIZES = frozenset({1, 2, 4, 8, 16, 32, 64, 128})
 
 
 def best_policy(ctx: cl.Context) -> Policy:
@@ -119,10 +119,9 @@ def fill_with(a: SVMArray, value: Any) -> None:
     if not a.policy.needs_map:
         a._view.fill(item)
         return
-    pattern = item.tobytes()
-    if len(pattern) in _FILL_PATTERN_SIZES:
+    if item.nbytes in PATTERN_SIZES:
         queue = default_queue(a.context)
-        entrypoints.enqueue_svm_memfill(queue, a.ptr, pattern, a.nbytes).wait()
+        calls.enqueue_fill(queue, a, item.reshape(1), None).wait()
     else:
         a.set(np.full(a.shape, item, a.dtype))
 
@@ -213,7 +212,7 @@ def asarray(
             obj.context == ctx
             and (dtype is None or np.dtype(dtype) == obj.dtype)
             and (policy is None or policy == obj.policy)
-            and (resource is None or resource is obj.allocation.resource)
+            and (resource is None or resource.owns(obj.allocation))
         )
         if matches:
             obj._live()

@@ -1,15 +1,16 @@
-"""``Pool``: the usual pooled stack with array constructors.
+"""``Pool``: the usual pooled stack, with array constructors.
 
-``Pool(ctx)`` is the usual stack, statistics over a pool over ``SVMResource(ctx, policy)``
-(RMM's "statistics over a pool over the device resource"), itself a memory resource, with
-``empty``/``zeros``/``ones``/``full``/``asarray`` that draw from it.  It sits above the
-array layer because it builds arrays.
+``Pool(ctx)`` composes the usual stack, a :class:`~svmkit.PoolResource` over
+``SVMResource(ctx, policy)`` (RMM's "pool over the device resource"), with a
+:class:`~svmkit.DebugAdaptor` on top in debug mode (``SVMKIT_DEBUG=1``), and adds
+``empty``/``zeros``/``ones``/``full``/``asarray`` that draw from it.  It is itself a memory
+resource (it forwards to the top of its stack) and sits above the array layer because it
+builds arrays.
 
-The statistics are the pool's own counters (:meth:`PoolResource.statistics`, the same
+The statistics are the pool resource's own counters (:meth:`PoolResource.statistics`, the
 figures :class:`~svmkit.StatisticsAdaptor` keeps) rather than a separate adaptor: they are
 updated under the lock the pool takes anyway, so a pooled allocation and free take one
-lock each instead of three.  That is most of what keeps ``pool.empty(n)`` + ``free()``
-near 2 µs; ``StatisticsAdaptor`` remains for any other stack.
+lock each instead of three; ``StatisticsAdaptor`` remains for any other stack.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import pyopencl as cl
 from svmkit.arrays.array import SVMArray, _shape_tuple, nbytes_of
 from svmkit.arrays.creation import _new, asarray, fill_with
 from svmkit.policy import Policy
+from svmkit.resources.base import Allocation, MemoryResource
+from svmkit.resources.debug import DebugAdaptor, Poisoner, debug_enabled
 from svmkit.resources.pool import PoolResource
 from svmkit.resources.svm import SVMResource
 
@@ -38,18 +41,68 @@ def _spec(shape: Any, dtype: Any) -> _Spec:
     return shape_t, dt, nbytes_of(shape_t, dt)
 
 
-class Pool(PoolResource):
+class Pool(MemoryResource):
     """A pool of SVM for ``ctx`` under ``policy`` (``None``: ``Policy.best(ctx)``).
 
     Keyword arguments go to :class:`~svmkit.PoolResource` (``max_cached_bytes``).
     A ``Pool`` is a memory resource: pass it as ``resource=`` or select it with
-    :func:`svmkit.use_resource`.  :meth:`stats` merges the statistics adaptor's counters
-    with the pool's figures (``cached_bytes``, ``fragmented_bytes``, ...).
+    :func:`svmkit.use_resource`.  :meth:`stats` merges the statistics counters with the
+    pool's figures (``cached_bytes``, ``fragmented_bytes``, ...).
+
+    Attributes
+    ----------
+    pool:
+        The :class:`~svmkit.PoolResource` at the heart of the stack.
+    resource:
+        The top of the stack (the pool, or a :class:`~svmkit.DebugAdaptor` over it).
+    debug:
+        The debug mode's :class:`~svmkit.resources.debug.Poisoner` (its ``reports``), or
+        ``None`` when the pool was built with debug mode off.
     """
 
     def __init__(self, ctx: cl.Context, policy: Policy | None = None, **kw: Any) -> None:
-        super().__init__(SVMResource(ctx, policy), **kw)
+        self.pool = PoolResource(SVMResource(ctx, policy), **kw)
+        self.resource: MemoryResource = self.pool
+        self.debug: Poisoner | None = None
+        if debug_enabled():  # SVMKIT_DEBUG=1: poison freed blocks (svmkit.resources.debug)
+            adaptor = DebugAdaptor(self.pool)
+            self.resource, self.debug = adaptor, adaptor.poisoner
+        self.context = self.pool.context
+        self.policy = self.pool.policy
+        self.capabilities = self.pool.capabilities
         self._specs: dict[tuple[Any, Any], _Spec] = {}
+
+    # -- the memory resource -----------------------------------------------------------------
+    def allocate(self, nbytes: int, alignment: int = 0) -> Allocation:
+        """An allocation from the top of the stack (it frees back there, not here)."""
+        return self.resource.allocate(nbytes, alignment)
+
+    def deallocate(self, allocation: Allocation) -> None:
+        self.resource.deallocate(allocation)
+
+    def owns(self, allocation: Allocation) -> bool:
+        return self.resource.owns(allocation)
+
+    def trim(self) -> int:
+        """Return every cached block upstream; the number of bytes given back."""
+        return self.pool.trim()
+
+    def info(self) -> dict[str, int]:
+        """The pool's figures (see :meth:`PoolResource.info`)."""
+        return self.pool.info()
+
+    def statistics(self) -> dict[str, int]:
+        """The statistics counters (see :meth:`PoolResource.statistics`)."""
+        return self.pool.statistics()
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes the pool holds for reuse (ready and pending)."""
+        return self.pool.cached_bytes
+
+    @property
+    def max_cached_bytes(self) -> int | None:
+        return self.pool.max_cached_bytes
 
     # -- array constructors ----------------------------------------------------------------
     def empty(self, shape: Any, dtype: Any = np.float64, *, alignment: int = 0) -> SVMArray:
@@ -58,7 +111,7 @@ class Pool(PoolResource):
             spec = self._specs[shape, dtype]
         except (KeyError, TypeError):
             spec = self._remember(shape, dtype)
-        return _new(self, spec[0], spec[1], alignment, spec[2])
+        return _new(self.resource, spec[0], spec[1], alignment, spec[2])
 
     def _remember(self, shape: Any, dtype: Any) -> _Spec:
         spec = _spec(shape, dtype)
@@ -99,11 +152,6 @@ class Pool(PoolResource):
         for key, value in self.info().items():
             out.setdefault(key, value)
         return out
-
-    @property
-    def pool(self) -> PoolResource:
-        """The pool resource at the heart of the stack (the ``Pool`` itself)."""
-        return self
 
     def __repr__(self) -> str:
         return f"Pool({self.context.devices[0].name!r}, {self.policy})"

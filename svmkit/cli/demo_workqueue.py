@@ -28,7 +28,7 @@ import pyopencl as cl
 from svmkit.arrays.creation import empty
 from svmkit.capabilities import capabilities, create_context, device_label
 from svmkit.errors import QueueClosed
-from svmkit.ops import launch
+from svmkit.ops import copy, launch
 from svmkit.policy import Policy
 from svmkit.programs import build_program, kernels_dir
 from svmkit.workqueue import WorkQueue, persistent_grid
@@ -123,23 +123,10 @@ def _static_batches(
         dev_in, dev_out, host_out, kernel = slots[j % depth]
         lo, hi = j * batch, min(n, (j + 1) * batch)
         t0 = time.perf_counter_ns()
-        cl.enqueue_copy(
-            queue,
-            dev_in,
-            np.ascontiguousarray(starts[lo:hi]),
-            is_blocking=False,
-            byte_count=(hi - lo) * 8,
-        )
-        kernel(queue, (hi - lo,), None, dev_in, dev_out)
-        inflight.append(
-            (
-                j,
-                t0,
-                cl.enqueue_copy(
-                    queue, host_out, dev_out, is_blocking=False, byte_count=(hi - lo) * 4
-                ),
-            )
-        )
+        copy(queue, dev_in[: hi - lo], np.ascontiguousarray(starts[lo:hi]), blocking=False)
+        launch(queue, kernel, (hi - lo,), None, dev_in, dev_out)
+        done = copy(queue, host_out[: hi - lo], dev_out[: hi - lo], blocking=False)
+        inflight.append((j, t0, done))
     while inflight:
         retire()
     return results, time.perf_counter() - start, lat

@@ -1,7 +1,7 @@
 """A small ctypes binding to the OpenCL ICD loader that PyOpenCL itself loaded.
 
-PyOpenCL lacks ``clSetKernelExecInfo`` and gives no control over when ``clSVMFree`` runs;
-its ``enqueue_svm_memfill`` ignores ``byte_count``.  These few entry points are bound here,
+PyOpenCL lacks ``clSetKernelExecInfo`` and gives no control over when ``clSVMFree`` runs.
+These few entry points are bound here (and called only from :mod:`svmkit.driver.calls`),
 against the very library PyOpenCL's extension module linked (found in the process's
 memory map), so handles from PyOpenCL objects (``obj.int_ptr``) are valid for them.
 """
@@ -12,12 +12,10 @@ import ctypes
 import ctypes.util
 import os
 import threading
-from typing import Any
 
 import pyopencl as cl
 
 __all__ = [
-    "enqueue_svm_memfill",
     "library_path",
     "set_kernel_exec_info_fine_grain_system",
     "set_kernel_exec_info_svm_ptrs",
@@ -72,17 +70,6 @@ def _library() -> ctypes.CDLL:
                     ctypes.c_size_t,
                     ctypes.c_void_p,
                 ]
-                lib.clEnqueueSVMMemFill.restype = ctypes.c_int32
-                lib.clEnqueueSVMMemFill.argtypes = [
-                    ctypes.c_void_p,
-                    ctypes.c_void_p,
-                    ctypes.c_void_p,
-                    ctypes.c_size_t,
-                    ctypes.c_size_t,
-                    ctypes.c_uint,
-                    ctypes.c_void_p,
-                    ctypes.c_void_p,
-                ]
                 _lib = lib
     return _lib
 
@@ -122,31 +109,3 @@ def set_kernel_exec_info_fine_grain_system(kernel: cl.Kernel, enabled: bool) -> 
             ctypes.byref(value),
         )
     )
-
-
-def enqueue_svm_memfill(
-    queue: cl.CommandQueue, ptr: int, pattern: bytes, size: int, wait_for: Any = None
-) -> cl.Event:
-    """``clEnqueueSVMMemFill`` over exactly ``size`` bytes; returns a PyOpenCL event.
-
-    PyOpenCL's own wrapper ignores its ``byte_count`` argument and fills the whole buffer.
-    """
-    events = list(wait_for or ())
-    wl = (ctypes.c_void_p * max(len(events), 1))(*[e.int_ptr for e in events])
-    out = ctypes.c_void_p()
-    buf = ctypes.create_string_buffer(pattern, len(pattern))
-    code = _library().clEnqueueSVMMemFill(
-        queue.int_ptr,
-        ptr,
-        buf,
-        len(pattern),
-        size,
-        len(events),
-        wl if events else None,
-        ctypes.byref(out),
-    )
-    if code != 0:
-        from svmkit.errors import cl_error_name, error_for_name
-
-        raise error_for_name(cl_error_name(code), "clEnqueueSVMMemFill failed in the driver")
-    return cl.Event.from_int_ptr(out.value, retain=False)

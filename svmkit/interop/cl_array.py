@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyopencl as cl
 
+from svmkit.driver import calls
 from svmkit.driver.per_context import PerContext
-from svmkit.errors import InvalidContextError, InvalidValueError
+from svmkit.errors import InvalidContextError, InvalidValueError, SVMError
 from svmkit.events.release import collecting, ensure_release_thread, release_soon
 from svmkit.policy import Policy
 from svmkit.resources.base import Allocation, MemoryResource
@@ -44,7 +45,7 @@ def to_cl_array(a: SVMArray, queue: cl.CommandQueue | None = None) -> cla.Array:
     import pyopencl.array as cla
 
     alloc = a._live()
-    queue = a._queue_for(queue)
+    queue = check_queue(queue, alloc.context)
     if a.size == 0:
         return cla.Array(queue, a.shape, a.dtype, strides=a.strides)
     lo, hi = a.byte_range()
@@ -88,8 +89,8 @@ def _release(allocation: Allocation, queue: cl.CommandQueue) -> None:
     """Give a lent block back once a marker enqueued on ``queue`` now has completed (it
     follows every ``pyopencl.array`` command that may still use the block)."""
     try:
-        allocation.events.record(cl.enqueue_marker(queue))
-    except cl.Error:  # the queue went bad: wait for it instead
+        allocation.events.record(calls.enqueue_marker(queue))
+    except SVMError:  # the queue went bad: wait for it instead
         queue.finish()
     allocation.free()
 

@@ -15,16 +15,14 @@ import numpy as np
 import pyopencl as cl
 
 from svmkit.arrays.array import SVMArray
-from svmkit.driver import entrypoints
-from svmkit.errors import InvalidValueError, cl_error_name, error_for_name, translate
+from svmkit.driver import calls
+from svmkit.errors import InvalidValueError
 from svmkit.events.record import WaitFor, wait_list
 from svmkit.ops.placeholder import placeholder
 from svmkit.policy import Access, Granularity
 from svmkit.resources.base import Allocation
 from svmkit.rules import (
-    check_command,
     check_kernel_context,
-    check_live,
     check_queue,
     check_same_context,
     context_of,
@@ -122,16 +120,9 @@ def launch(
     _register_svm_pointers(kernel, pointers, context)
     if system and not getattr(kernel, "_svmkit_fine_grain_system", False):
         _allow_fine_grain_system(kernel)
-    try:
-        event = kernel(
-            queue,
-            global_size,
-            local_size,
-            *(args if call_args is None else call_args),
-            wait_for=wait,
-        )
-    except cl.Error as exc:
-        raise translate(exc, what=f"enqueueing kernel {kernel.function_name}") from exc
+    event = calls.enqueue_kernel(
+        queue, kernel, global_size, local_size, args if call_args is None else call_args, wait
+    )
     for alloc in allocs:
         alloc.events.record(event, queue)
     for other in others:  # a work queue that records its own events
@@ -145,9 +136,9 @@ _PLAIN_ARGUMENTS = (np.generic, int, float, bytes, type(None))
 
 
 def _check_kernel_array(a: SVMArray, context: cl.Context, name: str) -> Allocation:
-    alloc = check_live(a)
+    alloc = a._live()
     check_same_context(alloc, context, name)
-    check_command(a, alloc, alloc.policy.access is not Access.READ_ONLY, "launch()")
+    a._check_command(alloc, alloc.policy.access is not Access.READ_ONLY, "launch()")
     return alloc
 
 
@@ -176,7 +167,7 @@ def _register_svm_pointers(kernel: cl.Kernel, pointers: list[int], context: cl.C
         listed = (placeholder(context).ptr,)  # nothing stale is named any more
     else:
         return
-    _check_exec_info(entrypoints.set_kernel_exec_info_svm_ptrs(kernel, listed), "SVM_PTRS")
+    calls.set_svm_pointers(kernel, listed)
     setattr(kernel, "_svmkit_svm_ptrs", bool(pointers))  # noqa: B010 (a pyopencl object)
 
 
@@ -186,14 +177,5 @@ def _allow_fine_grain_system(kernel: cl.Kernel) -> None:
     The setting persists on the kernel object and is harmless for later launches that
     use no system memory, so it is never cleared.
     """
-    code = entrypoints.set_kernel_exec_info_fine_grain_system(kernel, True)
-    _check_exec_info(code, "SVM_FINE_GRAIN_SYSTEM")
+    calls.allow_fine_grain_system(kernel)
     setattr(kernel, "_svmkit_fine_grain_system", True)  # noqa: B010 (a pyopencl object)
-
-
-def _check_exec_info(code: int, name: str) -> None:
-    """Raise the typed error for a failed ``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_<name>)``."""
-    if code:
-        raise error_for_name(
-            cl_error_name(code), f"clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_{name}) failed"
-        )

@@ -6,9 +6,8 @@ and pools wait for it) and returns the ``pyopencl.Event``.  Ordering follows Ope
 operation runs after earlier commands of its (in-order) queue and its ``wait_for``
 events, not after other queues' work on the same arrays.
 
-The hot path is attribute and dictionary work; the driver is reached through PyOpenCL's
-own extension entry points (``pyopencl._cl._enqueue_svm_*``), which its public wrappers
-call after dispatching on argument types svmkit has already checked.
+The hot path is attribute and dictionary work; the driver is reached through
+:mod:`svmkit.driver.calls`, the one module that talks to it.
 """
 
 from __future__ import annotations
@@ -18,23 +17,17 @@ from typing import Any
 
 import numpy as np
 import pyopencl as cl
-from pyopencl import _cl
 
 from svmkit.arrays.array import SVMArray
 from svmkit.capabilities import capabilities
-from svmkit.errors import (
-    InvalidValueError,
-    UnsupportedError,
-    translate,
-)
+from svmkit.driver import calls
+from svmkit.errors import InvalidValueError, UnsupportedError
 from svmkit.events.record import WaitFor, wait_list
 from svmkit.events.release import release_after
 from svmkit.policy import Granularity
 from svmkit.rules import (
-    check_command,
     check_contiguous,
     check_fill_target,
-    check_live,
     check_migrate_to,
     check_no_overlap,
     check_pattern,
@@ -44,16 +37,16 @@ from svmkit.rules import (
     check_same_nbytes,
     check_wait_status,
     context_of,
-    span,
+    is_contiguous,
 )
 
 __all__ = ["copy", "fill", "migrate"]
 
 
-def _marker(queue: cl.CommandQueue, wait: list[cl.Event]) -> cl.Event:
+def _marker(queue: cl.CommandQueue, wait: list[cl.Event] | None) -> cl.Event:
     """The event of an operation with nothing to do (zero bytes): a marker, so ordering
     still holds; no SVM command is given a NULL pointer or size 0."""
-    return cl.enqueue_marker(queue, wait_for=wait or None)
+    return calls.enqueue_marker(queue, wait)
 
 
 # -- fill -------------------------------------------------------------------------------
@@ -77,7 +70,7 @@ def fill(
         vector type; ``dst.ptr`` not aligned to it; ``dst.nbytes`` not a multiple of it;
         ``dst`` not contiguous (spec, clEnqueueSVMMemFill: ``CL_INVALID_VALUE``).
     InvalidContextError, MapStateError, UseAfterFreeError
-        See :mod:`svmkit.rules`.
+        See ``docs/CONFORMANCE.md`` (every spec rule and its error).
 
     Notes
     -----
@@ -87,23 +80,20 @@ def fill(
     """
     if not isinstance(dst, SVMArray):
         raise InvalidValueError(f"fill destination must be an SVMArray, got {type(dst).__name__}")
-    alloc = check_live(dst)
+    alloc = dst._live()
     context = alloc.context
     queue = check_queue(queue, context)
     wait = wait_list(context, wait_for)
     pattern = check_pattern(value, dst._view.dtype)
     if pattern.nbytes > 64:  # every device supports 64-byte vectors (int16)
         check_pattern_max(pattern.nbytes, capabilities(context).max_alignment)
-    check_contiguous(dst, "fill destination")
+    check_contiguous(dst._view, "fill destination")
     nbytes = dst._view.nbytes
     if not nbytes:
-        return _marker(queue, wait or [])
+        return _marker(queue, wait)
     check_fill_target(alloc.ptr + dst._offset, nbytes, pattern.nbytes)
-    check_command(dst, alloc, True, "fill()")
-    try:
-        event = _cl._enqueue_svm_memfill(queue, dst, pattern, None, wait)
-    except cl.Error as exc:
-        raise translate(exc, what="clEnqueueSVMMemFill") from exc
+    dst._check_command(alloc, True, "fill()")
+    event = calls.enqueue_fill(queue, dst, pattern, wait)
     alloc.events.record(event, queue)
     return event
 
@@ -114,16 +104,17 @@ def fill(
 def _copy_side(obj: Any, name: str, context: cl.Context, writes: bool) -> tuple[Any, int, int]:
     """``(pointer object, address, nbytes)`` of one side of a copy, checked."""
     if isinstance(obj, SVMArray):
-        alloc = check_live(obj)
+        alloc = obj._live()
         check_same_context(alloc, context, name)
-        check_contiguous(obj, name)
-        check_command(obj, alloc, writes, f"copy() {name}")
+        check_contiguous(obj._view, name)
+        obj._check_command(alloc, writes, f"copy() {name}")
         return obj, alloc.ptr + obj._offset, obj._view.nbytes
     if isinstance(obj, np.ndarray):
         check_contiguous(obj, name)
         if writes and not obj.flags.writeable:
             raise InvalidValueError(f"copy destination {name} is a read-only NumPy array")
-        return cl.SVM(obj) if obj.size else obj, obj.__array_interface__["data"][0], obj.nbytes
+        pointer = calls.svm_pointer(obj) if obj.size else obj
+        return pointer, obj.__array_interface__["data"][0], obj.nbytes
     raise InvalidValueError(
         f"copy {name} must be an SVMArray or a NumPy array, got {type(obj).__name__}"
     )
@@ -153,7 +144,7 @@ def copy(
         An array, the queue or a ``wait_for`` event of another context
         (spec: ``CL_INVALID_CONTEXT``).
     MapStateError, UseAfterFreeError
-        See :mod:`svmkit.rules`.
+        See ``docs/CONFORMANCE.md`` (every spec rule and its error).
     """
     context = _context_of(dst, src, queue)
     queue = check_queue(queue, context)
@@ -162,19 +153,17 @@ def copy(
     src_ptr_obj, src_ptr, src_nbytes = _copy_side(src, "src", context, False)
     check_same_nbytes(nbytes, src_nbytes)
     if not nbytes:
-        event = _marker(queue, wait or [])
+        event = _marker(queue, wait)
         if blocking:
             event.wait()
         return event
     check_no_overlap(dst_ptr, src_ptr, nbytes)
     if blocking and wait:
         check_wait_status(wait, "a blocking copy")
-    try:
-        event = _cl._enqueue_svm_memcpy(queue, 0, dst_ptr_obj, src_ptr_obj, wait, None)
-        if blocking:  # PyOpenCL holds the GIL in a blocking copy; Event.wait releases it
-            event.wait()
-    except cl.Error as exc:
-        raise translate(exc, what="clEnqueueSVMMemcpy", nbytes=nbytes) from exc
+    if blocking:
+        event = calls.copy_and_wait(queue, dst_ptr_obj, src_ptr_obj, wait)
+    else:
+        event = calls.enqueue_copy(queue, dst_ptr_obj, src_ptr_obj, wait)
     host_sides: tuple[Any, ...] = ()
     if isinstance(dst, SVMArray):
         dst._alloc.events.record(event, queue)
@@ -242,7 +231,7 @@ def migrate(
     UnsupportedError
         The queue's device predates OpenCL 2.1 (no ``clEnqueueSVMMigrateMem``).
     InvalidContextError, MapStateError, UseAfterFreeError
-        See :mod:`svmkit.rules`.
+        See ``docs/CONFORMANCE.md`` (every spec rule and its error).
     """
     items = [arrays] if isinstance(arrays, SVMArray) else list(arrays)
     if not items:
@@ -267,7 +256,7 @@ def migrate(
     for a in items:
         if not isinstance(a, SVMArray):
             raise InvalidValueError(f"migrate() takes SVMArrays, got {type(a).__name__}")
-        alloc = check_live(a)
+        alloc = a._live()
         check_same_context(alloc, context, "an array to migrate")
         if alloc.policy.granularity is Granularity.SYSTEM:
             raise InvalidValueError(
@@ -276,19 +265,16 @@ def migrate(
             )
         if not a._view.nbytes:
             continue  # size 0 would migrate the whole allocation
-        check_command(a, alloc, False, "migrate()")
-        if a._view.flags.c_contiguous or a._view.flags.f_contiguous:
+        a._check_command(alloc, False, "migrate()")
+        if is_contiguous(a._view):
             pointers.append(a)
         else:
-            lo, hi = span(a)
-            pointers.append(cl.SVM(alloc.u8[lo:hi]))
+            lo, hi = a._span()
+            pointers.append(calls.svm_pointer(alloc.u8[lo:hi]))
         allocs.append(alloc)
     if not pointers:
-        return _marker(queue, wait or [])
-    try:
-        event = _cl._enqueue_svm_migrate_mem(queue, pointers, flags, wait)
-    except cl.Error as exc:
-        raise translate(exc, what="clEnqueueSVMMigrateMem") from exc
+        return _marker(queue, wait)
+    event = calls.enqueue_migrate(queue, pointers, flags, wait)
     for alloc in allocs:
         alloc.events.record(event, queue)
     return event

@@ -204,6 +204,10 @@ class MemoryResource:
         """Take ``allocation`` back; memory is reused only after its recorded events finish."""
         raise NotImplementedError
 
+    def owns(self, allocation: Allocation) -> bool:
+        """Whether ``allocation`` goes back to this resource when freed."""
+        return allocation.resource is self
+
     def serves(self, context: cl.Context, policy: Policy) -> bool:
         """Whether this resource allocates for ``context`` under ``policy``."""
         return bool(self.policy == policy and self.context == context)

@@ -1,8 +1,8 @@
 """Debug mode: poison freed pooled memory and catch writes to it (``SVMKIT_DEBUG=1``).
 
-Every :class:`~svmkit.PoolResource` (so every :class:`~svmkit.Pool`) built while
-:func:`debug_enabled` holds gets the hook (:func:`install`); :class:`DebugAdaptor` puts
-the same logic over any other resource.  A freed block is filled with :data:`POISON`
+Every :class:`~svmkit.Pool` (and the default pooled resource) built while
+:func:`debug_enabled` holds puts a :class:`DebugAdaptor` on top of its pool; put one over
+any other stack yourself.  A freed block is filled with :data:`POISON`
 (``0xDEADBEEF`` as little-endian words: an ``int32`` view reads -559038737) once the
 commands recorded on it completed, so a kernel or host that reads memory after freeing
 it sees an unmistakable pattern.  When the pool hands the block out again the poison is
@@ -11,8 +11,8 @@ after it was freed is undefined) and svmkit reports, through the ``svmkit.debug`
 and a :class:`~svmkit.UseAfterFreeError` (``strict``), the stack that created the freed
 allocation and the stack that freed it.
 
-:func:`debug_enabled` is read once, when a pool is built: a pool built with it off keeps its
-plain methods, so the normal path pays nothing (not even a flag test).
+:func:`debug_enabled` is read once, when a pool is built: a pool built with it off has no
+adaptor, so the normal path pays nothing (not even a flag test).
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyopencl as cl
 
+from svmkit.driver import calls
 from svmkit.driver.queues import default_queue
 from svmkit.errors import UseAfterFreeError
 from svmkit.events import release_after
 from svmkit.resources._adaptor import ResourceAdaptor
 from svmkit.resources.base import Allocation, MemoryResource
 
-__all__ = ["POISON", "DebugAdaptor", "Poisoner", "debug_enabled", "install", "set_debug"]
+__all__ = ["POISON", "DebugAdaptor", "Poisoner", "debug_enabled", "set_debug"]
 
 log = logging.getLogger("svmkit.debug")
 
@@ -71,7 +71,7 @@ class _Freed:
 
 
 class Poisoner:
-    """The debug logic, shared by :class:`DebugAdaptor` and :func:`install`.
+    """The debug logic of :class:`DebugAdaptor`.
 
     ``strict``: raise :class:`~svmkit.UseAfterFreeError` on detection (else only log).
     ``reports`` lists every detection (the message text), oldest first.
@@ -106,7 +106,7 @@ class Poisoner:
         pattern = _poison_bytes(allocation.nbytes)
         if allocation.policy.needs_map:
             queue = default_queue(allocation.context)
-            cl.enqueue_copy(queue, cl.SVM(allocation.u8), pattern, is_blocking=False).wait()
+            calls.copy_and_wait(queue, calls.svm_pointer(allocation.u8), pattern, None)
         else:
             allocation.u8[:] = pattern
         with self._lock:
@@ -118,8 +118,7 @@ class Poisoner:
         if allocation.policy.needs_map:
             seen = np.empty(n, np.uint8)
             queue = default_queue(allocation.context)
-            src = cl.SVM(allocation.u8[:n])
-            cl.enqueue_copy(queue, seen, src, is_blocking=False).wait()
+            calls.copy_and_wait(queue, seen, calls.svm_pointer(allocation.u8[:n]), None)
         else:
             seen = allocation.u8[:n].copy()
         bad = np.flatnonzero(seen != _poison_bytes(n))
@@ -182,25 +181,3 @@ class DebugAdaptor(ResourceAdaptor):
 
     def deallocate(self, allocation: Allocation) -> None:
         self.poisoner.deallocate(allocation, self.upstream.deallocate)
-
-
-def install(resource: MemoryResource, *, strict: bool = True) -> Poisoner:
-    """Hook debug mode into ``resource`` itself (a pool): its ``allocate`` and
-    ``deallocate`` become instance attributes that wrap the class's own, so resources
-    built without debug mode keep the plain methods and pay nothing."""
-    poisoner = Poisoner(strict=strict)
-    plain_allocate = resource.allocate
-    plain_deallocate = resource.deallocate
-
-    def allocate(nbytes: int, alignment: int = 0) -> Allocation:
-        allocation = plain_allocate(nbytes, alignment)
-        poisoner.allocated(allocation)
-        return allocation
-
-    def deallocate(allocation: Allocation) -> None:
-        poisoner.deallocate(allocation, plain_deallocate)
-
-    resource.allocate = allocate  # type: ignore[method-assign]
-    resource.deallocate = deallocate  # type: ignore[method-assign]
-    resource.debug = poisoner  # type: ignore[attr-defined]
-    return poisoner

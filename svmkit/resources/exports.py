@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import pyopencl as cl
 
-from svmkit.errors import UseAfterFreeError
+from svmkit.driver import calls
+from svmkit.errors import SVMError, UseAfterFreeError
 from svmkit.events.release import drain, ensure_release_thread, release_soon
 
 if TYPE_CHECKING:
@@ -138,8 +139,8 @@ def _order_after(alloc: Allocation, queues: list[cl.CommandQueue]) -> None:
     """Record a marker of each bridged queue on ``alloc`` (its release waits for them)."""
     for queue in queues:
         try:
-            alloc.events.record(cl.enqueue_marker(queue))
-        except cl.Error:
+            alloc.events.record(calls.enqueue_marker(queue))
+        except SVMError:
             log.warning("could not order a release after a PyOpenCL queue", exc_info=True)
             queue.finish()
 

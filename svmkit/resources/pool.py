@@ -22,7 +22,7 @@ from svmkit.policy import check_alignment, check_size
 from svmkit.resources._bins import class_size, size_class
 from svmkit.resources._freelist import Block, FreeList
 from svmkit.resources.base import Allocation, MemoryResource
-from svmkit.resources.debug import debug_enabled, install
+from svmkit.resources.counters import AllocationCounters
 from svmkit.resources.exports import exported_bytes, reclaim
 
 __all__ = ["PoolResource"]
@@ -95,16 +95,12 @@ class PoolResource(MemoryResource):
         self._held: dict[int, Allocation] = {}
         self._lock = threading.Lock()
         self._classes: dict[int, int] = {}
-        self._in_use_bytes = 0  # bytes asked for by live allocations
         self._upstream_bytes = 0  # bytes of every block the pool holds from upstream
         self._upstream_blocks = 0  # blocks the pool holds from upstream
         self._upstream_allocations = 0  # upstream.allocate calls that succeeded
         # Statistics (StatisticsAdaptor's counters, kept under the pool's own lock so a
         # pooled allocation takes one lock, not three).
-        self._live = self._peak_live = self._peak_bytes = 0
-        self._total_bytes = self._total_allocations = 0
-        if debug_enabled():  # SVMKIT_DEBUG=1: poison freed blocks (svmkit.resources.debug)
-            install(self)
+        self._counts = AllocationCounters()
 
     # -- allocation ------------------------------------------------------------------------
     def allocate(self, nbytes: int, alignment: int = 0) -> Allocation:
@@ -124,15 +120,8 @@ class PoolResource(MemoryResource):
                 free.ready_bytes -= block.size  # type: ignore[union-attr]
             else:
                 block = free.pop(cls)
-            if block is not None:  # _count_out, inlined on the hot path
-                in_use = self._in_use_bytes = self._in_use_bytes + nbytes
-                if in_use > self._peak_bytes:
-                    self._peak_bytes = in_use
-                live = self._live = self._live + 1
-                if live > self._peak_live:
-                    self._peak_live = live
-                self._total_bytes += nbytes
-                self._total_allocations += 1
+            if block is not None:
+                self._counts.taken(nbytes)
         finally:
             lock.release()
         if block is None:
@@ -151,7 +140,7 @@ class PoolResource(MemoryResource):
             with self._lock:
                 block = self._free.pop(cls)
                 if block is not None:
-                    self._count_out(nbytes)
+                    self._counts.taken(nbytes)
         if block is None:
             block = self._grow(cls, nbytes)
         u8 = block.bytes_for(nbytes)
@@ -202,19 +191,8 @@ class PoolResource(MemoryResource):
             self._upstream_bytes += block.size
             self._upstream_blocks += 1
             self._upstream_allocations += 1
-            self._count_out(nbytes)
+            self._counts.taken(nbytes)
         return block
-
-    def _count_out(self, nbytes: int) -> None:
-        """Count an allocation handed out (the caller holds the lock)."""
-        in_use = self._in_use_bytes = self._in_use_bytes + nbytes
-        if in_use > self._peak_bytes:
-            self._peak_bytes = in_use
-        live = self._live = self._live + 1
-        if live > self._peak_live:
-            self._peak_live = live
-        self._total_bytes += nbytes
-        self._total_allocations += 1
 
     def _out_of_memory(self, nbytes: int, size: int, cause: OutOfMemoryError) -> OutOfMemoryError:
         figures = self.info()
@@ -251,8 +229,7 @@ class PoolResource(MemoryResource):
         lock = self._lock
         lock.acquire()
         try:
-            self._in_use_bytes -= allocation.nbytes
-            self._live -= 1
+            self._counts.returned(allocation.nbytes)
             free = self._free
             keep = block.cls and (limit is None or free.cached_bytes + block.size <= limit)
             if keep and not events and block.cls in free.ready:  # FreeList.push inlined
@@ -301,10 +278,11 @@ class PoolResource(MemoryResource):
         with self._lock:
             free = self._free
             block_bytes = self._upstream_bytes - free.cached_bytes
+            in_use = self._counts.current_bytes
             return {
-                "in_use_bytes": self._in_use_bytes,
+                "in_use_bytes": in_use,
                 "in_use_block_bytes": block_bytes,
-                "fragmented_bytes": block_bytes - self._in_use_bytes,
+                "fragmented_bytes": block_bytes - in_use,
                 "cached_bytes": free.cached_bytes,
                 "pending_bytes": free.pending_bytes,
                 "upstream_bytes": self._upstream_bytes,
@@ -320,14 +298,7 @@ class PoolResource(MemoryResource):
         ``peak_allocations``, ``total_allocations`` (bytes asked for; a consistent
         snapshot)."""
         with self._lock:
-            return {
-                "current_bytes": self._in_use_bytes,
-                "peak_bytes": self._peak_bytes,
-                "total_bytes": self._total_bytes,
-                "current_allocations": self._live,
-                "peak_allocations": self._peak_live,
-                "total_allocations": self._total_allocations,
-            }
+            return self._counts.snapshot()
 
     @property
     def cached_bytes(self) -> int:

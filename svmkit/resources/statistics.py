@@ -7,6 +7,7 @@ import threading
 
 from svmkit.resources._adaptor import ResourceAdaptor
 from svmkit.resources.base import Allocation, MemoryResource
+from svmkit.resources.counters import AllocationCounters
 
 __all__ = ["StatisticsAdaptor"]
 
@@ -22,42 +23,23 @@ class StatisticsAdaptor(ResourceAdaptor):
     def __init__(self, upstream: MemoryResource) -> None:
         super().__init__(upstream)
         self._lock = threading.Lock()
-        self._current_bytes = self._peak_bytes = self._total_bytes = 0
-        self._current_allocations = self._peak_allocations = self._total_allocations = 0
+        self._counts = AllocationCounters()
 
     def allocate(self, nbytes: int, alignment: int = 0) -> Allocation:
         allocation = self.upstream.allocate(nbytes, alignment)
         allocation.resource = self
         if nbytes:
-            lock = self._lock
-            lock.acquire()
-            current = self._current_bytes = self._current_bytes + nbytes
-            if current > self._peak_bytes:
-                self._peak_bytes = current
-            count = self._current_allocations = self._current_allocations + 1
-            if count > self._peak_allocations:
-                self._peak_allocations = count
-            self._total_bytes += nbytes
-            self._total_allocations += 1
-            lock.release()
+            with self._lock:
+                self._counts.taken(nbytes)
         return allocation
 
     def deallocate(self, allocation: Allocation) -> None:
-        lock = self._lock
-        lock.acquire()
-        self._current_bytes -= allocation.nbytes
-        self._current_allocations -= 1
-        lock.release()
+        if allocation.nbytes:
+            with self._lock:
+                self._counts.returned(allocation.nbytes)
         self.upstream.deallocate(allocation)
 
     def stats(self) -> dict[str, int]:
         """Counters since creation (a consistent snapshot)."""
         with self._lock:
-            return {
-                "current_bytes": self._current_bytes,
-                "peak_bytes": self._peak_bytes,
-                "total_bytes": self._total_bytes,
-                "current_allocations": self._current_allocations,
-                "peak_allocations": self._peak_allocations,
-                "total_allocations": self._total_allocations,
-            }
+            return self._counts.snapshot()

@@ -10,7 +10,7 @@ import numpy as np
 import pyopencl as cl
 
 from svmkit.capabilities import capabilities, check_context_layout
-from svmkit.driver import entrypoints
+from svmkit.driver import calls
 from svmkit.driver.per_context import PerContext
 from svmkit.errors import OutOfMemoryError
 from svmkit.events import release_after
@@ -75,7 +75,7 @@ class SVMResource(MemoryResource):
         if self.policy.granularity is Granularity.SYSTEM:
             return self._allocate_system(nbytes, alignment)
         with self._lock:
-            ptr = entrypoints.svm_alloc(self.context, self._flags, nbytes, alignment)
+            ptr = calls.svm_alloc(self.context, self._flags, nbytes, alignment)
         if not ptr:
             raise OutOfMemoryError(
                 f"clSVMAlloc returned NULL for {nbytes} bytes ({self.policy}, alignment "
@@ -112,7 +112,7 @@ class _SVMFree:
 
     def __call__(self) -> None:
         with self.lock:
-            entrypoints.svm_free(self.context, self.ptr)
+            calls.svm_free(self.context, self.ptr)
 
 
 def _drop(allocation: Allocation) -> Any:
