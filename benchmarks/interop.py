@@ -158,9 +158,21 @@ def host_rows(ctx: cl.Context, table: Table, budget: float) -> None:
     )
 
 
-def allocator_rows(ctx: cl.Context, queue: cl.CommandQueue, table: Table, budget: float) -> None:
+def comparable_policy(ctx: cl.Context, queue: cl.CommandQueue) -> sk.Policy:
+    """``Policy.best(ctx, system=False)``, or COARSE where PyOpenCL's ``SVMPool`` returns
+    NULL blocks for it (fine-grain on Intel's CPU runtime: its arrays then crash), so both
+    sides allocate the same kind of memory."""
     policy = sk.Policy.best(ctx, system=False)
-    ours_alloc = sk.cl_allocator(queue)
+    probe = clt.SVMPool(clt.SVMAllocator(ctx, policy.flags, queue=queue))
+    if probe(64).svm_ptr == 0:
+        progress(f"PyOpenCL's SVMPool returns NULL for {policy}: comparing COARSE memory")
+        return sk.Policy.coarse()
+    return policy
+
+
+def allocator_rows(ctx: cl.Context, queue: cl.CommandQueue, table: Table, budget: float) -> None:
+    policy = comparable_policy(ctx, queue)
+    ours_alloc = sk.cl_allocator(queue, sk.Pool(ctx, policy))
     svm_pool = clt.SVMPool(clt.SVMAllocator(ctx, policy.flags, queue=queue))
 
     def ours_call() -> None:
@@ -193,7 +205,7 @@ def allocator_rows(ctx: cl.Context, queue: cl.CommandQueue, table: Table, budget
 
 def device_rows(ctx: cl.Context, queue: cl.CommandQueue, table: Table, budget: float) -> None:
     """2*x+1 and pyopencl.array.sum on pool memory vs SVMPool, CuPy, PyTorch."""
-    policy = sk.Policy.best(ctx, system=False)
+    policy = comparable_policy(ctx, queue)
     pool = sk.Pool(ctx, policy)
     ours_alloc = sk.cl_allocator(queue, pool)
     svm_pool = clt.SVMPool(clt.SVMAllocator(ctx, policy.flags, queue=queue))

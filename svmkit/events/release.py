@@ -91,6 +91,9 @@ def shutting_down() -> bool:
 def ensure_release_thread() -> None:
     """Start the release thread if it is not running (never call this from a finalizer)."""
     global _reaper
+    reaper = _reaper
+    if reaper is not None and reaper.is_alive():
+        return  # the common case, without the lock
     with _releases_cond:
         if _reaper is None or not _reaper.is_alive():
             _reaper = threading.Thread(target=_reap, name="svmkit-release", daemon=True)

@@ -69,5 +69,7 @@ def dlpack(
             f"dl_device={tuple(dl_device)!r}: a fine-grain or system SVMArray exports as "  # type: ignore[arg-type]
             f"kDLCPU {_CPU} only"
         )
-    wait_pending(alloc.events.pending())
+    record = alloc._events
+    if record:
+        wait_pending(record.pending())
     return a.host.__dlpack__(max_version=max_version, copy=copy)
