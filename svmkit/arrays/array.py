@@ -480,16 +480,16 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
     def __rtruediv__(self, other: Any) -> Any:
         return _numpy_protocol().binary(np.true_divide, self, other, True)
 
-    def __iadd__(self, other: Any) -> SVMArray:
+    def __iadd__(self, other: Any) -> Any:
         return _numpy_protocol().inplace(np.add, self, other)
 
-    def __isub__(self, other: Any) -> SVMArray:
+    def __isub__(self, other: Any) -> Any:
         return _numpy_protocol().inplace(np.subtract, self, other)
 
-    def __imul__(self, other: Any) -> SVMArray:
+    def __imul__(self, other: Any) -> Any:
         return _numpy_protocol().inplace(np.multiply, self, other)
 
-    def __itruediv__(self, other: Any) -> SVMArray:
+    def __itruediv__(self, other: Any) -> Any:
         return _numpy_protocol().inplace(np.true_divide, self, other)
 
     def sum(self, *args: Any, **kwargs: Any) -> Any:
