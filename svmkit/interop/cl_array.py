@@ -22,7 +22,12 @@ import pyopencl as cl
 from svmkit.driver import calls
 from svmkit.driver.per_context import PerContext
 from svmkit.errors import InvalidContextError, InvalidValueError, SVMError
-from svmkit.events.release import collecting, ensure_release_thread, release_soon
+from svmkit.events.release import (
+    collecting,
+    ensure_release_thread,
+    release_soon,
+    shutting_down,
+)
 from svmkit.policy import Policy
 from svmkit.resources.base import Allocation, MemoryResource
 from svmkit.resources.current import current_resource
@@ -67,12 +72,15 @@ class _Block(cl.SVM):  # type: ignore[misc]
 
     def __del__(self) -> None:
         allocation = getattr(self, "allocation", None)
-        if allocation is None:
-            return
-        if collecting():  # perhaps inside a pool's lock: the release thread does it
-            release_soon(_Release(allocation, self.queue))
-        else:
-            _release(allocation, self.queue)
+        if allocation is None or shutting_down():
+            return  # at exit svmkit calls no driver any more
+        try:
+            if collecting():  # perhaps inside a pool's lock: the release thread does it
+                release_soon(_Release(allocation, self.queue))
+            else:
+                _release(allocation, self.queue)
+        except Exception:  # never raise from a finaliser (interpreter may be exiting)
+            pass
 
 
 class _Release:

@@ -45,7 +45,7 @@ import pyopencl as cl
 
 from svmkit.driver import calls
 from svmkit.errors import SVMError, UseAfterFreeError
-from svmkit.events.release import drain, ensure_release_thread, release_soon
+from svmkit.events.release import drain, ensure_release_thread, release_soon, shutting_down
 
 if TYPE_CHECKING:
     from svmkit.resources.base import Allocation
@@ -82,7 +82,10 @@ class HostOwner(np.ndarray):  # type: ignore[type-arg]
     def __del__(self) -> None:
         record = getattr(self, "record", None)  # slices of an owner have none
         if record is not None:
-            release_soon(record.dropped)
+            try:
+                release_soon(record.dropped)
+            except Exception:  # never raise from a finaliser (interpreter may be exiting)
+                pass
 
 
 class ExportRecord:
@@ -137,6 +140,8 @@ class ExportRecord:
 
 def _order_after(alloc: Allocation, queues: list[cl.CommandQueue]) -> None:
     """Record a marker of each bridged queue on ``alloc`` (its release waits for them)."""
+    if shutting_down():
+        return  # at exit svmkit calls no driver any more (and releases nothing)
     for queue in queues:
         try:
             alloc.events.record(calls.enqueue_marker(queue))
