@@ -157,6 +157,20 @@ def _run(release: Callable[[], Any]) -> None:
             _busy = False
 
 
+def _wait_unless_exiting(events: list[cl.Event]) -> None:
+    """Wait for ``events`` by polling their status (backing off to 2 ms), never inside a
+    blocking driver call: at interpreter exit the release thread must not sit in
+    ``clWaitForEvents`` while the interpreter and the drivers tear down (a daemon thread
+    coming back from the driver then finds the interpreter gone).  Stops at exit."""
+    pause = 0.00005
+    while events:
+        events = [e for e in events if not is_complete(e)]
+        if not events or _shutting_down:
+            return
+        time.sleep(pause)
+        pause = min(pause * 2, 0.002)
+
+
 def _run_queued() -> None:
     """Run the releases of :func:`release_after`, each once its events completed."""
     while True:
@@ -166,8 +180,7 @@ def _run_queued() -> None:
                 return
             events, release = _releases[0]
         try:
-            if events:
-                cl.wait_for_events(events)
+            _wait_unless_exiting(events)
         except cl.Error:
             log.warning("an event svmkit waited on before releasing memory failed", exc_info=True)
         _run(release)
