@@ -3,8 +3,9 @@
 Hooks registered with :func:`at_shutdown` (the work queues close themselves) run first;
 then svmkit waits a bounded time for the commands it recorded
 (:mod:`svmkit.events.exit_wait`), then the release thread gets
-:data:`~svmkit.events.release.EXIT_WAIT_SECONDS` to finish pending releases, after which svmkit stops releasing memory rather than risk a driver
-call while the interpreter and the drivers tear down.
+:data:`~svmkit.events.release.EXIT_WAIT_SECONDS` to finish pending releases, after
+which svmkit stops releasing memory rather than risk a driver call while the interpreter
+and the drivers tear down.
 """
 
 from __future__ import annotations
