@@ -152,7 +152,7 @@ def host_rows(ctx: cl.Context, table: Table, budget: float) -> None:
     table.add(
         "`pool.empty(8)` + `free()`, never exported",
         f"{ours:.2f} µs",
-        "see pools.py",
+        "compare `benchmarks/pools.py` before exports",
         "",
         "export bookkeeping <= +0.2 µs",
     )
@@ -185,7 +185,7 @@ def allocator_rows(ctx: cl.Context, queue: cl.CommandQueue, table: Table, budget
     ref = per_call_us(ref_call, budget)
     ok = "met" if ref / ours >= 3 else "missed"
     table.add(
-        "allocator call, 4 KiB (and drop)",
+        f"allocator call, 4 KiB (and drop), {policy}",
         f"{ours:.2f} µs",
         f"{ref:.2f} µs (PyOpenCL `SVMPool`)",
         f"{ref / ours:.2f}x",
@@ -194,7 +194,7 @@ def allocator_rows(ctx: cl.Context, queue: cl.CommandQueue, table: Table, budget
     ours = per_call_us(lambda: cla.empty(queue, 1024, np.float32, allocator=ours_alloc), budget)
     ref = per_call_us(lambda: cla.empty(queue, 1024, np.float32, allocator=svm_pool), budget)
     table.add(
-        "`cla.empty(queue, 1024, float32, allocator=...)`",
+        f"`cla.empty(queue, 1024, float32, allocator=...)`, {policy}",
         f"{ours:.2f} µs",
         f"{ref:.2f} µs (PyOpenCL `SVMPool`)",
         f"{ref / ours:.2f}x",
@@ -234,7 +234,7 @@ def device_rows(ctx: cl.Context, queue: cl.CommandQueue, table: Table, budget: f
             ours = per_call_us(timed(ours_fn), b)
             ref = per_call_us(timed(ref_fn), b)
             table.add(
-                f"{name} via pyopencl.array, {label}",
+                f"{name} via pyopencl.array, {label}, {policy}",
                 f"{ours:.1f} µs",
                 f"{ref:.1f} µs (PyOpenCL `SVMPool`)",
                 f"{ref / ours:.2f}x",
