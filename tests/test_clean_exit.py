@@ -121,6 +121,30 @@ SCENARIOS: dict[str, tuple[str, str | None]] = {
         """,
         "atomics",
     ),
+    "exports of freed arrays alive at exit (views, DLPack, PyOpenCL arrays)": (
+        """
+        import pyopencl.array as cla
+        pool = sk.Pool(ctx)
+        keep = []
+        for pol in POLICIES:
+            a = sk.full(ctx, 1000, 2.0, np.float32, policy=pol)
+            keep.append(a.to_cl_array(q) + 1)
+            keep.append(a.to_cl_array(q))
+            if not pol.needs_map:
+                keep += [a.host, np.asarray(a)[::2], np.from_dlpack(a), a.__dlpack__()]
+            a.free()
+        b = pool.full(4096, 1.0, np.float32)
+        keep.append(b.to_cl_array(q))
+        sk.launch(q, SLOW, (4096,), None, b, np.int32(200000))
+        b.free()
+        alloc = sk.cl_allocator(q)
+        x = cla.zeros(q, 4096, np.float32, allocator=alloc)
+        keep.append(2 * x + 1)
+        cycle = [keep]
+        cycle.append(cycle)
+        """,
+        None,
+    ),
     "a host thread blocked in pop, another in push": (
         """
         wq = sk.WorkQueue(ctx, 2, np.int64)
@@ -145,6 +169,12 @@ SCENARIOS: dict[str, tuple[str, str | None]] = {
 def run_scenario(body: str) -> subprocess.CompletedProcess[str]:
     script = PRELUDE + textwrap.dedent(body) + '\nprint("reached-exit", flush=True)\n'
     return run_python(script, timeout=TIMEOUT_S)
+
+
+def test_export_scenario_uses_exports_of_every_kind() -> None:
+    body = SCENARIOS["exports of freed arrays alive at exit (views, DLPack, PyOpenCL arrays)"][0]
+    for made in ("a.host", "np.from_dlpack(a)", "a.__dlpack__()", "to_cl_array", "cl_allocator"):
+        assert made in body
 
 
 def check_clean(proc: subprocess.CompletedProcess[str]) -> None:

@@ -135,3 +135,32 @@ def test_numpy_floor_is_2_1():
     data = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     deps = data["project"]["dependencies"]
     assert "numpy>=2.1" in deps and "mako" in deps
+
+
+@fine
+def test_negative_strides_are_refused_not_handed_to_a_consumer_that_aborts(tmp_path):
+    # PyTorch aborts the process (an uncaught c10::Error) on a DLPack tensor with negative
+    # strides: svmkit refuses to export one (BufferError), so the consumer never sees it.
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, torch, svmkit as sk\n"
+        "ctx = sk.create_context()\n"
+        "a = sk.asarray(ctx, np.arange(8.0), policy=sk.Policy.fine())\n"
+        "r = a[::-1]\n"
+        "for consume in (torch.from_dlpack, np.from_dlpack):\n"
+        "    try:\n"
+        "        consume(r)\n"
+        "    except BufferError as exc:\n"
+        "        print('refused', 'negative strides' in str(exc))\n"
+        "print(np.from_dlpack(r, copy=True).tolist())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[:3] == [
+        "refused True",
+        "refused True",
+        str([7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0, 0.0]),
+    ]

@@ -173,7 +173,7 @@ def test_fork_child_never_runs_the_parents_pending_release(ctx: cl.Context) -> N
     finally:
         gate.set_status(cl.command_execution_status.COMPLETE)
     if _check_own_context(out, ctx):
-        assert out["own_callback"] == [1]
+        assert out["own_callback"] == [1], out
         assert out["own_drain"] is True
     assert sk.events.drain(30)
     assert parent_calls == [1]

@@ -6,6 +6,12 @@ overlapping, closed in any order), launches a small kernel, writes through maps,
 (``free``, ``enqueue_free``, ``with``).  After every step the bytes of every live
 allocation are read back and compared with the model.
 
+It also takes *exports* (host views, ``np.asarray``, ``np.from_dlpack``, raw DLPack
+capsules, PyTorch tensors, ``pyopencl.array`` bridges) and writes through them before and
+after their array is freed and its pool block could be handed out again: an export's
+bytes must stay its own (compared with the model after every step) and no other array's
+bytes may change.
+
 Every step also predicts the errors the API documents for it (use after free, pattern
 size and alignment, contiguity, sizes, overlapping copies, map-state rules...).  A step
 that must fail has to raise one of the predicted classes with the predicted ``cl_error``
@@ -39,6 +45,11 @@ from hypothesis.stateful import (
 
 import svmkit as sk
 from svmkit import events
+
+try:
+    import torch
+except ImportError:  # PyTorch is optional: its exports are then not drawn
+    torch = None
 
 settings.register_profile(
     "quick",
@@ -160,6 +171,24 @@ class Handle:
 
 
 @dataclass(eq=False)
+class ExportModel:
+    """An export held by the test: its object and the model bytes it must show."""
+
+    obj: Any
+    kind: str
+    alloc: AllocModel
+    model: np.ndarray  # the exported handle's model view (element order)
+
+    def handle(self, lo: int = 0, hi: int | None = None) -> Handle:
+        return Handle(None, self.alloc, self.model[lo:hi])  # type: ignore[arg-type]
+
+
+EXPORT_KINDS = ["host", "asarray", "from_dlpack", "capsule", "cl_array"] + (
+    ["torch"] if torch is not None else []
+)
+
+
+@dataclass(eq=False)
 class OpenModel:
     """An open ``mapped`` block."""
 
@@ -246,6 +275,7 @@ class SVMMachine(RuleBasedStateMachine):
         self.maps: list[OpenModel] = []
         self.resources: dict[tuple[str, bool], Any] = {}
         self.freed_callbacks: list[list[int]] = []
+        self.exports: list[ExportModel] = []
         self.steps = 0
 
     # -- resources ------------------------------------------------------------------------
@@ -743,7 +773,136 @@ class SVMMachine(RuleBasedStateMachine):
         if record() is not None:  # only held in a cycle: a full collection frees it
             gc.collect()
         freed = record()
-        assert freed is None or freed.freed, "an unreachable allocation was not freed"
+        held = any(e.alloc is alloc for e in self.exports)  # an export keeps it (unfreed)
+        assert freed is None or freed.freed or held, "an unreachable allocation was not freed"
+
+    # -- exports ----------------------------------------------------------------------------
+    @precondition(lambda self: self.handles)
+    @rule(data=st.data(), kind=st.sampled_from(EXPORT_KINDS), versioned=st.booleans())
+    def export(self, data: st.DataObject, kind: str, versioned: bool) -> None:
+        if len(self.exports) >= 12:
+            return
+        h = pick(data, self.handles)
+        host_kind = kind != "cl_array"
+        if h.alloc.coarse and host_kind:
+            return  # coarse host views are valid only inside `mapped`: no exports
+        if kind == "cl_array" and (not h.contiguous or h.array.strides[0] < 0):
+            return  # pyopencl.array reads and writes contiguous arrays only
+        errors = {UAF} if h.alloc.freed else set()
+        obj: Any = None
+        try:
+            with Expect(errors) as ex:
+                if kind == "host":
+                    obj = h.array.host
+                elif kind == "asarray":
+                    obj = np.asarray(h.array)
+                elif kind == "from_dlpack":
+                    obj = np.from_dlpack(h.array)
+                elif kind == "capsule":
+                    obj = h.array.__dlpack__(max_version=(1, 0) if versioned else None)
+                elif kind == "torch":
+                    obj = torch.from_dlpack(h.array)
+                else:
+                    obj = h.array.to_cl_array(QUEUE)
+        except BufferError:
+            assert h.array.strides[0] < 0, "unexpected BufferError"
+            return  # svmkit exports no negative strides through DLPack
+        except (TypeError, RuntimeError):
+            assert kind == "torch"
+            return  # PyTorch has no unsigned 16/32/64-bit tensors from DLPack
+        if ex.ok:
+            self.exports.append(ExportModel(obj, kind, h.alloc, h.model))
+
+    def _readable(self, e: ExportModel) -> bool:
+        if e.kind == "capsule" or not e.model.size:
+            return False
+        alloc = e.alloc
+        return not (e.kind == "cl_array" and not alloc.freed and alloc.driver is not None)
+
+    def _export_bytes(self, e: ExportModel) -> np.ndarray:
+        if e.kind == "cl_array":
+            got = e.obj.get(queue=QUEUE)
+        elif e.kind == "torch":
+            got = e.obj.numpy()
+        else:
+            got = e.obj
+        return np.ascontiguousarray(got).view(np.uint8).ravel()
+
+    @precondition(lambda self: self.exports)
+    @rule(data=st.data(), seed=st.integers(0, 2**32 - 1))
+    def write_through_export(self, data: st.DataObject, seed: int) -> None:
+        """Write through an export, maybe of freed memory a pool could have handed out."""
+        e = pick(data, self.exports)
+        if not self._readable(e) or (e.kind == "cl_array" and e.alloc.maps):
+            return
+        QUEUE.finish()  # order the host's write after enqueued work
+        rng = np.random.default_rng(seed)
+        n = e.model.size
+        values = rng.integers(0, 256, e.model.nbytes, dtype=np.uint8).view(e.model.dtype)
+        lo = int(rng.integers(0, n))
+        hi = int(rng.integers(lo, n + 1))
+        if e.kind == "cl_array":
+            lo, hi = 0, n  # PyOpenCL writes SVM arrays whole (no offset)
+            e.obj.set(values, queue=QUEUE)
+        elif e.kind == "torch":
+            e.obj.numpy()[lo:hi] = values[lo:hi]
+        else:
+            e.obj[lo:hi] = values[lo:hi]
+        self.write(e.handle(lo, hi), values[lo:hi].view(np.uint8))
+
+    @precondition(lambda self: self.exports)
+    @rule(data=st.data(), seed=st.integers(0, 2**32 - 1), how=st.sampled_from(["free", "drop"]))
+    def recycle_under_export(self, data: st.DataObject, seed: int, how: str) -> None:
+        """Free (or drop) an exported array, allocate the same size from the same resource
+        (a pool would hand the block out again), then write through the old export."""
+        e = pick(data, self.exports)
+        alloc = e.alloc
+        if alloc.freed or alloc.maps or any(om.handle.alloc is alloc for om in self.maps):
+            return
+        base = alloc.base
+        res = base.allocation.resource
+        nbytes, policy, pooled = base.nbytes, alloc.policy, alloc.pooled
+        if how == "free":
+            base.free()
+            for other in self.handles:
+                if other.alloc is alloc:
+                    assert other.array.freed
+        else:
+            self.handles = [h for h in self.handles if h.alloc is not alloc]
+            alloc.base = None
+            del base
+            gc.collect()
+        alloc.freed = True
+        if alloc in self.allocs:
+            self.allocs.remove(alloc)
+        if len(self.allocs) < 12:
+            fill = int(np.random.default_rng(seed).integers(0, 256))
+            new = sk.full(CTX, nbytes, fill, np.uint8, resource=res)
+            buf = np.full(nbytes, fill, np.uint8)
+            model = AllocModel(len(self.allocs), policy, pooled, buf, np.ones(nbytes, bool), new)
+            self.allocs.append(model)
+            self.handles.append(Handle(new, model, buf))
+        self.write_through_export(data, seed)
+
+    @precondition(lambda self: self.exports)
+    @rule(data=st.data(), collect=st.booleans())
+    def drop_export(self, data: st.DataObject, collect: bool) -> None:
+        e = pick(data, self.exports)
+        self.exports.remove(e)
+        del e
+        if collect:
+            gc.collect()
+
+    @invariant()
+    def exports_hold_their_bytes(self) -> None:
+        if not self.exports:
+            return
+        QUEUE.finish()
+        for e in self.exports:
+            if self._readable(e):
+                expected, known = self.read(e.handle())
+                got = self._export_bytes(e)
+                np.testing.assert_array_equal(got[known], expected[known])
 
     # -- the invariant --------------------------------------------------------------------
     @invariant()
@@ -769,6 +928,8 @@ class SVMMachine(RuleBasedStateMachine):
             alloc.base.free()
         self.handles.clear()
         self.allocs.clear()
+        self.exports.clear()  # the last exports go: their memory comes back now
+        gc.collect()
         QUEUE.finish()
         assert events.drain(10.0)
         for calls in self.freed_callbacks:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import svmkit as sk
+from svmkit import events
 
 
 @pytest.mark.needs("coarse")
@@ -43,6 +44,7 @@ def test_pooled_array_dying_in_a_reference_cycle_keeps_its_block_valid(ctx, cycl
         h.self = h
     del h
     gc.collect()
+    assert events.drain(10.0)  # a collected array is freed on the release thread
     b = pool.full(100, 7, np.uint8)  # the cached block again
     assert b.allocation.block.upstream.freed is False
     others = [sk.full(ctx, 100, 9, np.uint8) for _ in range(8)]

@@ -109,8 +109,9 @@ def _reset_release_thread() -> None:
         _kept.append(list(pending))
         pending.clear()
     inbox = getattr(events, "_inbox", None)  # releases handed over by finalizers
-    while inbox is not None and not inbox.empty():
-        _kept.append(inbox.get_nowait())
+    if inbox is not None:  # a queue the parent's release thread may have been waiting on
+        _kept.append(inbox)
+        vars(events)["_inbox"] = type(inbox)()
     for name, fresh in (("_reaper", None), ("_busy", False)):
         if hasattr(events, name):
             vars(events)[name] = fresh

@@ -49,6 +49,7 @@ class EventRecord:
     """
 
     __slots__ = ("_events", "_latest", "_limit", "_lock")
+    svmkit_exit_events = "pending"  # waited for at exit (svmkit.events.exit_wait)
 
     def __init__(self) -> None:
         self._events: list[cl.Event] = []

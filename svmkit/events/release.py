@@ -92,6 +92,9 @@ def shutting_down() -> bool:
 def ensure_release_thread() -> None:
     """Start the release thread if it is not running (never call this from a finalizer)."""
     global _reaper
+    reaper = _reaper
+    if reaper is not None and reaper.is_alive():
+        return  # the common case, without the lock
     with _releases_cond:
         if _reaper is None or not _reaper.is_alive():
             _reaper = threading.Thread(target=_reap, name="svmkit-release", daemon=True)
@@ -129,11 +132,12 @@ def release_soon(release: Callable[[], Any]) -> None:
     _inbox.put(release)
 
 
-handoff: Callable[[Any], None] = _inbox.put
-"""A weakref callback that runs no Python bytecode (``SimpleQueue.put`` is C): the dead
-reference goes to the release thread, which calls its ``run_release()``.  A finalizer
-written in Python can be cut by a signal, and Python drops a ``KeyboardInterrupt`` raised
-inside a finalizer (Ctrl-C would be lost); this one cannot be cut."""
+def handoff(item: Any) -> None:
+    """Hand ``item`` to the release thread, which calls ``item.run_release()``: for
+    finalizers (no lock taken).  A finalizer calling it catches ``KeyboardInterrupt`` and
+    hands the interrupt back to the main thread (Python drops exceptions raised inside a
+    finalizer, and a Ctrl-C would be lost), so ``run_release`` must be a one-shot."""
+    _inbox.put(item)
 
 
 def _reap() -> None:
@@ -162,6 +166,20 @@ def _run(release: Callable[[], Any]) -> None:
             _busy = False
 
 
+def _wait_unless_exiting(events: list[cl.Event]) -> None:
+    """Wait for ``events`` by polling their status (backing off to 2 ms), never inside a
+    blocking driver call: at interpreter exit the release thread must not sit in
+    ``clWaitForEvents`` while the interpreter and the drivers tear down (a daemon thread
+    coming back from the driver then finds the interpreter gone).  Stops at exit."""
+    pause = 0.00005
+    while events:
+        events = [e for e in events if not is_complete(e)]
+        if not events or _shutting_down:
+            return
+        time.sleep(pause)
+        pause = min(pause * 2, 0.002)
+
+
 def _run_queued() -> None:
     """Run the releases of :func:`release_after`, each once its events completed."""
     while True:
@@ -171,8 +189,7 @@ def _run_queued() -> None:
                 return
             events, release = _releases[0]
         try:
-            if events:
-                cl.wait_for_events(events)
+            _wait_unless_exiting(events)
         except cl.Error:
             log.warning("an event svmkit waited on before releasing memory failed", exc_info=True)
         _run(release)

@@ -22,7 +22,12 @@ import pyopencl as cl
 from svmkit.driver import calls
 from svmkit.driver.per_context import PerContext
 from svmkit.errors import InvalidContextError, InvalidValueError, SVMError
-from svmkit.events.release import collecting, ensure_release_thread, release_soon
+from svmkit.events.release import (
+    collecting,
+    ensure_release_thread,
+    release_soon,
+    shutting_down,
+)
 from svmkit.policy import Policy
 from svmkit.resources.base import Allocation, MemoryResource
 from svmkit.resources.current import current_resource
@@ -77,11 +82,16 @@ class _Block(cl.SVM):  # type: ignore[misc]
     queue: cl.CommandQueue
 
     def __del__(self) -> None:
-        release = _Release(self.allocation, self.queue)
-        if collecting():  # perhaps inside a pool's lock: the release thread does it
-            release_soon(release)
-        else:
-            release()
+        allocation = getattr(self, "allocation", None)
+        if allocation is None or shutting_down():
+            return  # at exit svmkit calls no driver any more
+        try:
+            if collecting():  # perhaps inside a pool's lock: the release thread does it
+                release_soon(_Release(allocation, self.queue))
+            else:
+                _release(allocation, self.queue)
+        except Exception:  # never raise from a finaliser (interpreter may be exiting)
+            pass
 
 
 class _Release:
@@ -91,12 +101,17 @@ class _Release:
         self.allocation, self.queue = allocation, queue
 
     def __call__(self) -> None:
-        allocation = self.allocation
-        try:
-            allocation.events.record(calls.enqueue_marker(self.queue))
-        except SVMError:  # the queue is gone bad: wait for it instead
-            self.queue.finish()
-        allocation.free()
+        _release(self.allocation, self.queue)
+
+
+def _release(allocation: Allocation, queue: cl.CommandQueue) -> None:
+    """Give a lent block back once a marker enqueued on ``queue`` now has completed (it
+    follows every ``pyopencl.array`` command that may still use the block)."""
+    try:
+        allocation.events.record(calls.enqueue_marker(queue))
+    except SVMError:  # the queue went bad: wait for it instead
+        queue.finish()
+    allocation.free()
 
 
 class CLAllocator:

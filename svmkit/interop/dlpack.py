@@ -12,6 +12,10 @@ COARSE memory is not host memory outside a map, and a capsule may not carry an S
 pointer as ``kDLOpenCL`` (that code means a ``cl_mem`` handle): ``__dlpack_device__``
 says ``(kDLOpenCL, n)`` and ``__dlpack__`` refuses with :class:`BufferError`, except a host
 copy when the consumer asks for ``dl_device=(kDLCPU, 0)`` (flag ``IS_COPIED``).
+
+Views with negative strides are refused with :class:`BufferError` (a copy with
+``copy=True``): DLPack consumers do not all take them, and PyTorch aborts the whole
+process on one.
 """
 
 from __future__ import annotations
@@ -69,5 +73,15 @@ def dlpack(
             f"dl_device={tuple(dl_device)!r}: a fine-grain or system SVMArray exports as "  # type: ignore[arg-type]
             f"kDLCPU {_CPU} only"
         )
-    wait_pending(alloc.events.pending())
+    record = alloc._events
+    if record:
+        wait_pending(record.pending())
+    if any(stride < 0 for stride in a.strides):
+        if copy:  # a copy has positive strides
+            return a.host.copy().__dlpack__(max_version=max_version, copy=True)
+        raise BufferError(
+            f"a {a._describe()} with negative strides {a.strides}: consumers such as "
+            "PyTorch cannot take them through DLPack (PyTorch aborts the process); "
+            "export a.copy(), or pass copy=True"
+        )
     return a.host.__dlpack__(max_version=max_version, copy=copy)

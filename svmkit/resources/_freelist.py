@@ -64,6 +64,7 @@ class FreeList:
     """
 
     __slots__ = ("_pending", "lookahead", "pending_bytes", "ready", "ready_bytes")
+    svmkit_exit_events = "pending_events"  # waited for at exit (svmkit.events.exit_wait)
 
     def __init__(self, lookahead: int = 4) -> None:
         self.ready: dict[int, list[Block]] = {}
@@ -120,6 +121,12 @@ class FreeList:
                 self.pending_bytes -= block.size
                 return block
         return None
+
+    def pending_events(self) -> list[cl.Event]:
+        """The events the pending blocks wait for."""
+        return [
+            e for pending in list(self._pending.values()) for events, _ in pending for e in events
+        ]
 
     def wait_pending(self) -> None:
         """Block until every pending block's events completed; all become ready."""

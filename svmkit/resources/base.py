@@ -16,6 +16,7 @@ import numpy as np
 from svmkit.driver import fork
 from svmkit.events import EventRecord
 from svmkit.events.mapstate import MapState
+from svmkit.events.release import collecting, release_soon, release_thread_running
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -171,7 +172,12 @@ class Allocation:
         if self.freed:
             return
         try:
-            self.free()
+            if collecting() and release_thread_running():
+                # A garbage collection may have interrupted a pool holding its lock on
+                # this thread: the release thread frees it (no lock taken here).
+                release_soon(self.free)
+            else:
+                self.free()
         except Exception:  # never raise from a finaliser (interpreter may be exiting)
             pass
 

@@ -11,16 +11,16 @@ land in memory another array owns (Python's own rule: ``mmap.close()`` and
 
 How it is counted
 -----------------
-Every host export of one allocation hangs off one *owner*: a uint8 NumPy array over the
-allocation's bytes (:class:`HostOwner`) whose buffer is a ctypes array, so NumPy never
-collapses a view's ``base`` past it.  Each hand-out of memory (each :class:`Allocation`)
-gets its own owner, created on the first export and shared by later ones while it lives.
-An :class:`ExportRecord` counts the live owners.  An owner's death is learnt through a
-weakref callback, which runs inside a finalizer (perhaps a garbage collection that
-interrupted a pool holding its lock): it only hands the record to svmkit's release
-thread (:data:`~svmkit.events.release.handoff`: no lock, no Python code); the count changes
-there, under this module's lock, and the memory is released there once the count reaches
-zero and the allocation is freed.
+Each export hangs off an *owner* of its own: a uint8 NumPy array over the allocation's
+bytes (:class:`HostOwner`) whose buffer is a ctypes array, so NumPy never collapses a
+view's ``base`` past it, and every NumPy view, DLPack capsule or PyOpenCL array made from
+the export keeps it alive.  An owner belongs to one hand-out of memory (one
+:class:`Allocation`), never to the block a pool reuses.  An :class:`ExportRecord` counts
+the live owners.  An owner's finaliser only hands the record to svmkit's release thread
+(:data:`~svmkit.events.release.handoff`, no lock taken: it may run inside a garbage
+collection that interrupted a pool holding its lock); the count changes there, under this
+module's lock, and the memory is released there once the count reaches zero and the
+allocation is freed.
 
 ``free()`` writes ``freed`` before it reads ``Allocation.exports``; making an export
 writes ``exports`` (and reserves a count) before it reads ``freed``.  So either the
@@ -33,11 +33,11 @@ for a marker enqueued on it, since PyOpenCL's commands are invisible to svmkit.
 
 from __future__ import annotations
 
+import _thread
 import ctypes
 import gc
 import logging
 import threading
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -46,7 +46,7 @@ import pyopencl as cl
 
 from svmkit.driver import calls
 from svmkit.errors import SVMError, UseAfterFreeError
-from svmkit.events.release import drain, ensure_release_thread, handoff
+from svmkit.events.release import drain, ensure_release_thread, handoff, shutting_down
 
 if TYPE_CHECKING:
     from svmkit.resources.base import Allocation
@@ -69,23 +69,46 @@ RECLAIM_WAIT_SECONDS = 5.0
 
 
 class HostOwner(np.ndarray):
-    """The uint8 array every host export of one allocation is a view of (see module doc)."""
+    """The uint8 array a host export of one allocation is a view of (see module doc).
 
-    __slots__ = ("record",)
+    Its finaliser only hands the count to the release thread (no lock: it may run inside
+    a garbage collection that interrupted a pool holding its lock).  A finaliser, not a
+    weakref callback: a collection of a cycle that holds the owner, its record and the
+    allocation together runs finalisers but drops weakref callbacks of the trash.
+    """
+
+    __slots__ = ("drop", "record")
     record: ExportRecord
+    drop: _Drop
+
+    def __del__(self) -> None:
+        try:
+            drop = getattr(self, "drop", None)  # slices of an owner have none
+            if drop is not None:
+                handoff(drop)
+        except KeyboardInterrupt:  # Ctrl-C landed in this finaliser, where Python drops it
+            drop = getattr(self, "drop", None)
+            if drop is not None:
+                handoff(drop)  # (one-shot: handed over twice, it runs once)
+            _thread.interrupt_main()  # the interrupt still reaches the main thread
+        except Exception:  # never raise from a finaliser (interpreter may be exiting)
+            pass
 
 
-class _OwnerRef(weakref.ref):  # type: ignore[type-arg]
-    """The weak reference to an owner.  Its callback is :data:`~svmkit.events.release.
-    handoff`: the dead reference itself goes to the release thread (no lock, no Python
-    code in the finalizer), which calls :meth:`run_release`."""
+class _Drop:
+    """One owner fewer for ``record``, once, on the release thread (see :func:`~svmkit.
+    events.release.handoff`)."""
 
-    __slots__ = ("record",)
-    record: ExportRecord
+    __slots__ = ("done", "record")
+
+    def __init__(self, record: ExportRecord) -> None:
+        self.record = record
+        self.done = False
 
     def run_release(self) -> None:
-        """On the release thread: one owner fewer for the record."""
-        self.record.dropped()
+        if not self.done:  # (only the release thread runs this)
+            self.done = True
+            self.record.dropped()
 
 
 class ExportRecord:
@@ -96,12 +119,11 @@ class ExportRecord:
     cycle is broken when the last owner goes.
     """
 
-    __slots__ = ("__weakref__", "alloc", "count", "owner_ref", "queues", "released")
+    __slots__ = ("alloc", "count", "queues", "released")
 
     def __init__(self) -> None:
         self.alloc: Allocation | None = None
         self.count = 0
-        self.owner_ref: _OwnerRef | None = None
         self.queues: list[cl.CommandQueue] = []
         self.released = False
 
@@ -141,6 +163,8 @@ class ExportRecord:
 
 def _order_after(alloc: Allocation, queues: list[cl.CommandQueue]) -> None:
     """Record a marker of each bridged queue on ``alloc`` (its release waits for them)."""
+    if shutting_down():
+        return  # at exit svmkit calls no driver any more (and releases nothing)
     for queue in queues:
         try:
             alloc.events.record(calls.enqueue_marker(queue))
@@ -150,19 +174,9 @@ def _order_after(alloc: Allocation, queues: list[cl.CommandQueue]) -> None:
 
 
 def export_base(alloc: Allocation) -> HostOwner:
-    """The allocation's live :class:`HostOwner` (made on first use): every host export is
-    a view of it.  Raises :class:`~svmkit.UseAfterFreeError` once the allocation is
-    freed."""
-    record = alloc.exports
-    if record is not None:
-        ref = record.owner_ref
-        owner = ref() if ref is not None else None
-        if owner is not None and not alloc.freed:
-            return cast(HostOwner, owner)  # a live owner holds a count: frees now defer
-    return _new_owner(alloc)
-
-
-def _new_owner(alloc: Allocation) -> HostOwner:
+    """A new :class:`HostOwner` of the allocation (each export has its own, so a dying
+    owner can never be handed out again).  Raises :class:`~svmkit.UseAfterFreeError`
+    once the allocation is freed."""
     ensure_release_thread()  # owners die in finalizers, which cannot start a thread
     with _lock:
         record = alloc.exports
@@ -175,19 +189,12 @@ def _new_owner(alloc: Allocation) -> HostOwner:
                 "cannot export memory of a freed SVMArray (free(), enqueue_free() or the end "
                 "of a `with` block); it may already belong to another array"
             )
-        ref = record.owner_ref
-        owner = ref() if ref is not None else None
-        if owner is not None:  # another thread made one meanwhile
-            record.count -= 1
-            return cast(HostOwner, owner)
-        buffer: Any = (ctypes.c_uint8 * alloc.nbytes).from_address(alloc.ptr)
-        made = cast(HostOwner, np.ndarray.__new__(HostOwner, (alloc.nbytes,), np.uint8, buffer))
-        made.record = record
-        new_ref = _OwnerRef(made, handoff)
-        new_ref.record = record
-        record.owner_ref = new_ref
         record.alloc = alloc
-        return made
+    buffer: Any = (ctypes.c_uint8 * alloc.nbytes).from_address(alloc.ptr)
+    owner = cast(HostOwner, np.ndarray.__new__(HostOwner, (alloc.nbytes,), np.uint8, buffer))
+    owner.record = record
+    owner.drop = _Drop(record)  # from here on its finaliser gives the count back
+    return owner
 
 
 def host_export(
@@ -209,8 +216,9 @@ def host_export(
 def order_after_queue(alloc: Allocation, queue: cl.CommandQueue) -> None:
     """Make the allocation's release wait for the commands enqueued on ``queue`` when it
     happens (a ``pyopencl.array`` bridge's queue)."""
-    export_base(alloc)  # make sure the record exists
+    owner = export_base(alloc)  # makes sure the record exists
     record = alloc.exports
+    del owner
     assert record is not None
     with _lock:
         if not any(q is queue for q in record.queues):
