@@ -53,13 +53,18 @@ def test_free_of_a_bridged_array_waits_for_the_queue_and_the_bridge(ctx, queue, 
     a = pool.zeros(1024, np.int32)
     address = a.ptr
     c = a.to_cl_array(queue)
-    event = prg.slow_fill(queue, (1024,), None, c.data, np.int32(2_000_000), np.int32(5))
-    a.free()
-    del c
-    b = pool.empty(1024, np.int32)  # may not get the block under the running kernel
-    running = event.command_execution_status != cl.command_execution_status.COMPLETE
-    assert running, "the kernel finished before the check: make it slower"
-    assert b.ptr != address
+    gate = cl.UserEvent(ctx)  # the kernel is pending until the checks below are done
+    event = prg.slow_fill(
+        queue, (1024,), None, c.data, np.int32(2_000_000), np.int32(5), wait_for=[gate]
+    )
+    try:
+        a.free()
+        del c
+        b = pool.empty(1024, np.int32)  # may not get the block under the pending kernel
+        assert event.command_execution_status != cl.command_execution_status.COMPLETE
+        assert b.ptr != address
+    finally:
+        gate.set_status(cl.command_execution_status.COMPLETE)
     assert events.drain(30.0)
     queue.finish()
     d = pool.empty(1024, np.int32)
@@ -89,11 +94,17 @@ def test_cl_allocator_never_reuses_a_block_under_a_running_kernel(ctx, queue):
     prg = cl.Program(ctx, SLOW).build()
     t = cla.empty(queue, 1024, np.int32, allocator=alloc)
     address = t.base_data.svm_ptr if hasattr(t.base_data, "svm_ptr") else None
-    event = prg.slow_fill(queue, (1024,), None, t.data, np.int32(2_000_000), np.int32(1))
-    del t  # PyOpenCL drops the temporary while its kernel runs
-    u = cla.empty(queue, 1024, np.int32, allocator=alloc)
-    assert event.command_execution_status != cl.command_execution_status.COMPLETE
-    assert u.base_data.svm_ptr != address
+    gate = cl.UserEvent(ctx)  # the kernel is pending until the checks below are done
+    event = prg.slow_fill(
+        queue, (1024,), None, t.data, np.int32(2_000_000), np.int32(1), wait_for=[gate]
+    )
+    try:
+        del t  # PyOpenCL drops the temporary while its kernel is pending
+        u = cla.empty(queue, 1024, np.int32, allocator=alloc)
+        assert event.command_execution_status != cl.command_execution_status.COMPLETE
+        assert u.base_data.svm_ptr != address
+    finally:
+        gate.set_status(cl.command_execution_status.COMPLETE)
     event.wait()
     queue.finish()
     assert events.drain(10.0)

@@ -102,18 +102,25 @@ def test_long_kernel_block_is_not_handed_out_before_it_ends(
     qa, qb = cl.CommandQueue(ctx), cl.CommandQueue(ctx)
     a = pool.empty(N, np.int32)
     old = a.ptr
-    evt = spin(qa, (N,), None, a, np.int32(200_000), np.int32(5))
+    # The kernel waits for a gate this test opens: it cannot end before the allocations
+    # below, however fast the device (an H200 finished the spin before the first one).
+    gate = cl.UserEvent(ctx)
+    evt = spin(qa, (N,), None, a, np.int32(200_000), np.int32(5), wait_for=[gate])
     a.enqueue_free(qa)  # clEnqueueSVMFree semantics on queue A
     handed: list[tuple[int, bool]] = []
     live = []
-    while not is_complete(evt):  # allocate on queue B's behalf while the kernel runs
-        x = pool.zeros(N, np.int32)
-        handed.append((x.ptr, is_complete(evt)))
-        live.append(x)
-        if len(live) > 64:
-            live.pop(0).free()
-    assert handed, "the kernel ended before the first allocation; make it longer"
-    assert all(ptr != old for ptr, done in handed if not done)
+    try:
+        for _ in range(100):  # allocate on queue B's behalf while the kernel is pending
+            x = pool.zeros(N, np.int32)
+            handed.append((x.ptr, is_complete(evt)))
+            live.append(x)
+            if len(live) > 64:
+                live.pop(0).free()
+    finally:
+        gate.set_status(cl.command_execution_status.COMPLETE)
+    assert not any(done for _, done in handed)
+    assert all(ptr != old for ptr, _ in handed)
+    evt.wait()
     for x in live:
         np.testing.assert_array_equal(x.get(qb), np.zeros(N))
         x.free()
