@@ -172,8 +172,10 @@ def comparable_policy(ctx: cl.Context, queue: cl.CommandQueue) -> sk.Policy:
 
 def allocator_rows(ctx: cl.Context, queue: cl.CommandQueue, table: Table, budget: float) -> None:
     policy = comparable_policy(ctx, queue)
-    ours_alloc = sk.cl_allocator(queue, sk.Pool(ctx, policy))
+    pool = sk.Pool(ctx, policy)
+    ours_alloc = sk.cl_allocator(queue, pool)
     svm_pool = clt.SVMPool(clt.SVMAllocator(ctx, policy.flags, queue=queue))
+    unpooled = clt.SVMAllocator(ctx, policy.flags, queue=queue)
 
     def ours_call() -> None:
         ours_alloc(4096)
@@ -190,6 +192,23 @@ def allocator_rows(ctx: cl.Context, queue: cl.CommandQueue, table: Table, budget
         f"{ref:.2f} µs (PyOpenCL `SVMPool`)",
         f"{ref / ours:.2f}x",
         f">= 3x: {ok}",
+    )
+    bare = per_call_us(lambda: pool.allocate(4096).free(), budget)
+    added = ours - bare
+    table.add(
+        f"allocator call over the bare pooled allocation, 4 KiB, {policy}",
+        f"+{added:.2f} µs",
+        f"{bare:.2f} µs (`pool.allocate` + `free`)",
+        "",
+        f"<= +1 µs: {'met' if added <= 1.0 else 'missed'}",
+    )
+    raw = per_call_us(lambda: unpooled(4096), budget)
+    table.add(
+        f"allocator call vs PyOpenCL's unpooled `SVMAllocator`, 4 KiB, {policy}",
+        f"{ours:.2f} µs",
+        f"{raw:.2f} µs (`SVMAllocator`)",
+        f"{raw / ours:.0f}x",
+        f">= 100x: {'met' if raw / ours >= 100 else 'missed'}",
     )
     ours = per_call_us(lambda: cla.empty(queue, 1024, np.float32, allocator=ours_alloc), budget)
     ref = per_call_us(lambda: cla.empty(queue, 1024, np.float32, allocator=svm_pool), budget)
