@@ -200,15 +200,15 @@ def allocator_rows(ctx: cl.Context, queue: cl.CommandQueue, table: Table, budget
         f"+{added:.2f} µs",
         f"{bare:.2f} µs (`pool.allocate` + `free`)",
         "",
-        f"<= +1 µs: {'met' if added <= 1.0 else 'missed'}",
+        f"<= +1 µs (NVIDIA): {'met' if added <= 1.0 else 'missed'}",
     )
     raw = per_call_us(lambda: unpooled(4096), budget)
     table.add(
         f"allocator call vs PyOpenCL's unpooled `SVMAllocator`, 4 KiB, {policy}",
         f"{ours:.2f} µs",
         f"{raw:.2f} µs (`SVMAllocator`)",
-        f"{raw / ours:.0f}x",
-        f">= 100x: {'met' if raw / ours >= 100 else 'missed'}",
+        f"{raw / ours:.1f}x",
+        f">= 100x (NVIDIA, where clSVMAlloc costs ~1 ms): {'met' if raw / ours >= 100 else 'missed'}",
     )
     ours = per_call_us(lambda: cla.empty(queue, 1024, np.float32, allocator=ours_alloc), budget)
     ref = per_call_us(lambda: cla.empty(queue, 1024, np.float32, allocator=svm_pool), budget)
