@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -881,3 +882,11 @@ def test_stress_device_to_host(ctx: cl.Context) -> None:
         per_item,
     )
     assert seen == groups * per_item
+
+
+def test_the_c_ring_is_built_where_a_compiler_exists() -> None:
+    # The C ring is optional (no compiler: the Python ring), so a C file that stops
+    # compiling would only show as a slower queue: with a compiler it must be there.
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler here: the Python ring is the designed fallback")
+    assert "native" in ring.available_backends()

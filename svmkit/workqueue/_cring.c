@@ -481,11 +481,11 @@ static PyObject *Ring_wait(Ring *self, PyObject *args)
         want = 1;
     if ((uint64_t)want > self->mask + 1)
         want = (Py_ssize_t)(self->mask + 1);
+    int ready = 1;
     Py_BEGIN_ALLOW_THREADS
     uint64_t start = now_ns();
     uint64_t deadline = start + max_ns;
     uint64_t first_ready = 0;
-    int ready = 1;
     for (unsigned spins = 1;; spins++) {
         if (__atomic_load_n(self->closed, __ATOMIC_ACQUIRE))
             break;
