@@ -354,3 +354,16 @@ def test_bench_outside_a_checkout_is_a_usage_error(tmp_path):
     assert _one_line(proc.stderr) == (
         f"svmkit bench: {tmp_path / 'benchmarks' / 'ops.py'} not found (run from a source checkout)"
     )
+
+
+def test_info_names_the_backend_of_each_hot_path(monkeypatch):
+    from svmkit.cli.info import collect, render_table
+    from svmkit.workqueue import ring
+
+    report = collect()
+    expected = "C" if "native" in ring.available_backends() else "Python"
+    assert report["backends"]["ring"] == expected
+    assert report["backends"]["pools"] == "Python"
+    assert f"ring {expected}" in render_table(report)
+    monkeypatch.setenv("SVMKIT_HOSTATOMICS", "python")  # forced: what the queues then use
+    assert collect()["backends"]["ring"] == "Python"

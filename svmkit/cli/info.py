@@ -24,7 +24,7 @@ from svmkit.capabilities import (
 )
 from svmkit.policy import Policy
 
-__all__ = ["collect", "inventory", "render_table", "versions"]
+__all__ = ["backends", "collect", "inventory", "render_table", "versions"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,19 @@ def versions() -> dict[str, str]:
     }
 
 
+def backends() -> dict[str, str]:
+    """Which implementation serves each hot path: the pools and the operations (Python over
+    PyOpenCL's entry points) and the work queue's host ring (C when it was built, else
+    Python: ``SVMKIT_HOSTATOMICS=python`` forces it)."""
+    from svmkit.workqueue.ring import ring_class
+
+    try:
+        ring = "C" if ring_class().__module__.endswith("_cring") else "Python"
+    except Exception as exc:  # (a forced backend that is missing: say so, do not fail)
+        ring = f"unavailable ({exc})"
+    return {"pools": "Python", "operations": "Python (PyOpenCL entry points)", "ring": ring}
+
+
 def _selected() -> tuple[cl.Device | None, str | None]:
     """The device ``create_context()`` picks, or why it picks none."""
     try:
@@ -101,7 +114,12 @@ def collect() -> dict[str, Any]:
     driver versions), and ``selected`` the platform and device indices that
     ``sk.create_context()`` picks (``None``, with ``selection_error``, when it fails).
     """
-    report: dict[str, Any] = {"versions": versions(), "platforms": [], "selected": None}
+    report: dict[str, Any] = {
+        "versions": versions(),
+        "backends": backends(),
+        "platforms": [],
+        "selected": None,
+    }
     try:
         platforms = cl.get_platforms()
     except Exception as exc:
@@ -231,4 +249,7 @@ def render_table(report: dict[str, Any]) -> str:
     versions = report.get("versions", {})
     if versions:
         lines.append(", ".join(f"{name} {version}" for name, version in versions.items()))
+    serving = report.get("backends", {})
+    if serving:
+        lines.append("backends: " + ", ".join(f"{k} {v}" for k, v in serving.items()))
     return "\n".join(lines) + "\n"
