@@ -342,15 +342,21 @@ def sweep_point(
 
 
 def raw_pyopencl(
-    ctx: cl.Context, queue: cl.CommandQueue, batch: int, nb: int
+    ctx: cl.Context, queue: cl.CommandQueue, batch: int, nb: int, *, svm: bool = False
 ) -> tuple[float, float]:
-    """Raw PyOpenCL, no svmkit: cl.Buffer copy in, launch, copy out, wait, per batch.
-    Returns (items/s, p50 µs per batch)."""
+    """Raw PyOpenCL, no svmkit: copy in, launch, copy out, wait, per batch, through
+    cl.Buffer objects or (``svm``) coarse-grain SVM.  Returns (items/s, p50 µs per batch)."""
     prg = cl.Program(ctx, BATCH_KERNEL).build()
     knl = cl.Kernel(prg, "process")
     mf = cl.mem_flags
-    dev_in = cl.Buffer(ctx, mf.READ_ONLY, batch * 8)
-    dev_out = cl.Buffer(ctx, mf.WRITE_ONLY, batch * 8)
+    dev_in: Any
+    dev_out: Any
+    if svm:
+        dev_in = cl.SVM(cl.csvm_empty(ctx, batch, np.int64))
+        dev_out = cl.SVM(cl.csvm_empty(ctx, batch, np.int64))
+    else:
+        dev_in = cl.Buffer(ctx, mf.READ_ONLY, batch * 8)
+        dev_out = cl.Buffer(ctx, mf.WRITE_ONLY, batch * 8)
     knl.set_args(dev_in, dev_out)
     data = np.arange(batch * nb, dtype=np.int64)
     host_out = np.empty(batch, np.int64)
@@ -594,9 +600,26 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
     raw_rate, raw_p50 = raw_pyopencl(ctx, queue, 4096, max(8, counts[4096]))
+    svm_rate, svm_p50 = raw_pyopencl(ctx, queue, 4096, max(8, counts[4096]), svm=True)
     sync_p50 = base_p50[(11, 4096)]
     rows.append(
         ("raw PyOpenCL copy + launch + copy (cl.Buffer), batch 4096", fmt_rate(raw_rate), "", "")
+    )
+    rows.append(
+        (
+            "raw PyOpenCL copy + launch + copy (coarse SVM), batch 4096",
+            f"{fmt_rate(svm_rate)}, p50 {svm_p50:.1f} µs",
+            "",
+            "",
+        )
+    )
+    rows.append(
+        (
+            "batched sync p50 per batch 4096 / raw PyOpenCL's on the same SVM",
+            f"{sync_p50 / svm_p50:.2f} ({sync_p50:.1f} vs {svm_p50:.1f} µs)",
+            "(svmkit's own share)",
+            "",
+        )
     )
     rows.append(
         (
