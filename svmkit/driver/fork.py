@@ -11,10 +11,10 @@ fork as the parent's, as CUDA and PyTorch treat a forked child's inherited CUDA 
   (the check runs before any lock or driver call, so it never hangs).
 * The parent's objects are never released in the child (no ``clSVMFree``, no
   ``clRelease*``): the memory is the parent's, and a driver call may hang there.
-* svmkit's own state is reset: locks are reinitialised, the release thread's queue is
-  emptied (the parent's deferred frees are the parent's to run), per-context caches keep
-  only the parent's entries, and the default resources start empty, so the child can
-  create its own contexts and arrays.
+* svmkit's own state is reset: locks are reinitialised here, and each layer forgets its
+  own parent state through :func:`in_child` (the release thread's queue starts empty: the
+  parent's deferred frees are the parent's to run; the default resources and the
+  work-queue registry start empty), so the child can create its own contexts and arrays.
 
 ``multiprocessing``'s ``spawn`` and ``forkserver`` start methods start a fresh
 interpreter and need none of this.
@@ -26,13 +26,14 @@ import os
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import pyopencl as cl
 
 from svmkit.errors import InvalidContextError
 
-__all__ = ["check_owned", "forked", "parent_contexts"]
+__all__ = ["check_owned", "forked", "in_child", "keep", "parent_contexts"]
 
 forked = False
 """True in a process forked from one that used svmkit (hot paths test this first)."""
@@ -86,49 +87,31 @@ def _reinit_lock(value: Any) -> None:
         lock._at_fork_reinit()  # what threading and logging do for their own locks
 
 
+_child_hooks: list[Callable[[], None]] = []
+
+
+def in_child(hook: Callable[[], None]) -> None:
+    """Run ``hook`` in a forked child, after svmkit's locks were reinitialised: each layer
+    forgets its own parent state there (the release thread its queue, the current resource
+    its defaults, the work queue its registry), handing what it drops to :func:`keep`."""
+    _child_hooks.append(hook)
+
+
+def keep(obj: Any) -> None:
+    """Hold ``obj`` (the parent's) for good: it must never be released in the child."""
+    _kept.append(obj)
+
+
 def _after_in_child() -> None:
     """Run in the child right after ``fork()`` (``os.register_at_fork``)."""
     global forked
-    modules = _svmkit_modules()
-    for module in modules:
+    for module in _svmkit_modules():
         for value in list(vars(module).values()):
             _reinit_lock(value)
             parent_contexts.update(_contexts_in(value))
     forked = bool(parent_contexts)
-    _reset_release_thread()
-    _reset_registries(modules)
-
-
-def _reset_release_thread() -> None:
-    """No release thread runs in the child; the parent's pending releases never run."""
-    events = sys.modules.get("svmkit.events.release")
-    if events is None:
-        return
-    pending = getattr(events, "_releases", None)
-    if pending:
-        _kept.append(list(pending))
-        pending.clear()
-    inbox = getattr(events, "_inbox", None)  # releases handed over by finalizers
-    if inbox is not None:  # a queue the parent's release thread may have been waiting on
-        _kept.append(inbox)
-        vars(events)["_inbox"] = type(inbox)()
-    for name, fresh in (("_reaper", None), ("_busy", False)):
-        if hasattr(events, name):
-            vars(events)[name] = fresh
-
-
-def _reset_registries(modules: list[Any]) -> None:
-    """Empty the default resources and the registries of live objects (work queues)."""
-    current = sys.modules.get("svmkit.resources.current")
-    defaults = getattr(current, "_defaults", None)
-    if defaults is not None:
-        _kept.append(dict(defaults.items()))
-        defaults.clear()
-    for module in modules:
-        for value in list(vars(module).values()):
-            if isinstance(value, weakref.WeakSet):
-                _kept.append(list(value))
-                value.clear()
+    for hook in _child_hooks:
+        hook()
 
 
 os.register_at_fork(after_in_child=_after_in_child)

@@ -23,6 +23,7 @@ from typing import Any
 
 import pyopencl as cl
 
+from svmkit.driver import fork
 from svmkit.events.record import is_complete
 
 __all__ = [
@@ -235,3 +236,18 @@ def stop_releasing() -> None:
     finally:
         if acquired:
             _running.release()
+
+
+def _forget_parent_releases() -> None:
+    """In a forked child: no release thread runs, and the parent's pending releases never
+    run here; a fresh inbox (the parent's release thread may have been waiting on the old
+    one, which the child then cannot use)."""
+    global _inbox, _reaper, _busy
+    fork.keep((list(_releases), _inbox))
+    _releases.clear()
+    _inbox = queue.SimpleQueue()
+    _reaper = None
+    _busy = False
+
+
+fork.in_child(_forget_parent_releases)

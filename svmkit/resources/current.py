@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 import pyopencl as cl
 
+from svmkit.driver import fork
 from svmkit.errors import InvalidValueError
 from svmkit.policy import Policy
 from svmkit.resources.base import MemoryResource
@@ -93,3 +94,12 @@ def use_resource(resource: MemoryResource) -> Iterator[MemoryResource]:
         yield resource
     finally:
         _selected.reset(token)
+
+
+def _forget_parent_defaults() -> None:
+    """In a forked child: the defaults serve the parent's contexts; start with none."""
+    fork.keep(dict(_defaults.items()))
+    _defaults.clear()
+
+
+fork.in_child(_forget_parent_defaults)

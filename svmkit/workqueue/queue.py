@@ -46,6 +46,7 @@ import pyopencl as cl
 from svmkit.arrays.array import SVMArray
 from svmkit.arrays.creation import empty
 from svmkit.capabilities import device_label
+from svmkit.driver import fork
 from svmkit.errors import InvalidValueError, QueueClosed
 from svmkit.events import at_shutdown
 from svmkit.policy import Granularity, Policy
@@ -200,6 +201,15 @@ def _close_all() -> None:
 
 
 at_shutdown(_close_all)
+
+
+def _forget_parent_queues() -> None:
+    """In a forked child: the live queues are the parent's."""
+    fork.keep(list(_live))
+    _live.clear()
+
+
+fork.in_child(_forget_parent_queues)
 
 
 def _backoff(
