@@ -176,9 +176,10 @@ def _stop_after_interrupt() -> None:
     """
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-    queue_module = sys.modules.get("svmkit.workqueue.queue")
-    if queue_module is not None:
-        queue_module._close_all()
+    if "svmkit.workqueue.queue" in sys.modules:  # (no work queue made: nothing to close)
+        from svmkit.workqueue.queue import close_all
+
+        close_all()
 
 
 def _one_line(exc: BaseException) -> str:

@@ -53,7 +53,7 @@ from svmkit.policy import Granularity, Policy
 from svmkit.workqueue import ring as host_ring
 from svmkit.workqueue.layout import HEADER_BYTES, ITEM_OFFSET, MAGIC, PARAMS_OFFSET, SLOT_BYTES
 
-__all__ = ["WorkQueue", "WorkQueueTimeout", "opencl_type", "persistent_grid"]
+__all__ = ["WorkQueue", "WorkQueueTimeout", "close_all", "opencl_type", "persistent_grid"]
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +189,9 @@ _live: weakref.WeakSet[WorkQueue] = weakref.WeakSet()
 _live_lock = threading.Lock()
 
 
-def _close_all() -> None:
-    """At interpreter exit: close every live queue so blocked consumer kernels end."""
+def close_all() -> None:
+    """Close every live queue, so blocked host threads and consumer kernels end (at
+    interpreter exit, and after Ctrl-C in the command line)."""
     with _live_lock:
         queues = list(_live)
     for wq in queues:
@@ -200,7 +201,7 @@ def _close_all() -> None:
             log.exception("closing a work queue at exit failed")
 
 
-at_shutdown(_close_all)
+at_shutdown(close_all)
 
 
 def _forget_parent_queues() -> None:
