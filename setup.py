@@ -1,9 +1,13 @@
-"""Build hook for svmkit's one optional C extension (all metadata lives in pyproject.toml).
+"""Build hook for svmkit's C extensions (all metadata lives in pyproject.toml).
 
-``svmkit.workqueue._cring`` speeds up the host side of ``sk.WorkQueue``.  It is optional: where no
-C compiler is available the build skips it and svmkit uses its pure-Python ring
-(``svmkit/workqueue/ring.py``), which has the same behaviour.  The ring's layout constants come
-from ``svmkit/workqueue/layout.py`` (read here without importing svmkit) as ``-D`` macros.
+* ``svmkit.resources._cpool`` (required) is the pool's hot path: size classes, counters, the
+  allocation record and the ready-block cache.  Users get it in binary wheels (the
+  ``[tool.cibuildwheel]`` configuration in pyproject.toml); building from source needs a C
+  compiler.
+* ``svmkit.workqueue._cring`` (optional) speeds up the host side of ``sk.WorkQueue``: where no C
+  compiler is available the build skips it and svmkit uses its pure-Python ring
+  (``svmkit/workqueue/ring.py``), which has the same behaviour.  The ring's layout constants come
+  from ``svmkit/workqueue/layout.py`` (read here without importing svmkit) as ``-D`` macros.
 """
 
 import os
@@ -14,14 +18,21 @@ from setuptools import Extension, setup
 
 _layout = runpy.run_path(str(Path(__file__).resolve().parent / "svmkit/workqueue/layout.py"))
 
+_O2 = ["-O2"] if os.name != "nt" else []
+
 setup(
     ext_modules=[
+        Extension(
+            "svmkit.resources._cpool",
+            sources=["svmkit/resources/_cpool.c"],
+            extra_compile_args=_O2,
+        ),
         Extension(
             "svmkit.workqueue._cring",
             sources=["svmkit/workqueue/_cring.c"],
             define_macros=_layout["c_macros"](),
             optional=True,
-            extra_compile_args=["-O2"] if os.name != "nt" else [],
+            extra_compile_args=_O2,
         )
     ]
 )

@@ -170,7 +170,7 @@ def test_export_dying_never_takes_the_pool_lock(ctx: cl.Context) -> None:
     done = threading.Event()
 
     def collect_inside_the_lock() -> None:
-        with pool.pool._lock:  # as allocate() holds it
+        with pool.pool._cache:  # the pool lock, as allocate() holds it
             gc.collect()
             done.set()
 

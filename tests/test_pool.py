@@ -15,7 +15,7 @@ from _helpers import run_threads
 
 import svmkit as sk
 from svmkit.events import drain, is_complete
-from svmkit.resources._bins import GRANULE, class_size, size_class
+from svmkit.resources._cpool import GRANULE, class_size, size_class
 
 SPIN = """
 __kernel void spin_write(__global int *out, int iters, int value) {

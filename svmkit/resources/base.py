@@ -17,6 +17,7 @@ from svmkit.driver import fork
 from svmkit.events import EventRecord
 from svmkit.events.mapstate import MapState
 from svmkit.events.release import collecting, release_soon, release_thread_running
+from svmkit.resources._cpool import Record
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -40,29 +41,31 @@ def host_bytes(ptr: int, nbytes: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
     return view
 
 
-class Allocation:
+class Allocation(Record):
     """One block of SVM handed to a user: address, size, owner, pending events, map state.
 
     ``resource`` is the outermost resource that handed it out and takes it back;
     ``block`` is that resource's own bookkeeping (a pool block, a host buffer...).
     An allocation is freed once, by :meth:`free` or when the last reference goes.
+
+    The fields live in C (:class:`svmkit.resources._cpool.Record`), so a pool hands out a
+    new record without running Python, and so does ``free()`` in its common case (a pooled
+    block with no export, no open map and no recorded command); every other case runs
+    :meth:`_free` here.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_events",
-        "block",
-        "context",
-        "exports",
-        "freed",
-        "map_state",
-        "memo",
-        "nbytes",
-        "policy",
-        "ptr",
-        "resource",
-        "u8",
-    )
+    __slots__ = ()
+
+    resource: MemoryResource
+    context: cl.Context
+    policy: Policy
+    ptr: int
+    nbytes: int
+    block: Any
+    u8: np.ndarray[Any, np.dtype[np.uint8]]
+    _events: EventRecord | None
+    map_state: MapState | None
+    freed: bool
 
     memo: dict[Any, Any] | None
     """Per-block cache that outlives the allocation (a pool block's typed views), or None."""
@@ -86,41 +89,6 @@ class Allocation:
         self.nbytes = nbytes
         self.block = block
         self.u8 = host_bytes(ptr, nbytes) if u8 is None else u8
-        self._events: EventRecord | None = None
-        self.map_state: MapState | None = None
-        self.freed = False
-        self.memo = None
-        self.exports = None
-
-    @classmethod
-    def _reuse(
-        cls,
-        resource: MemoryResource,
-        ptr: int,
-        nbytes: int,
-        u8: np.ndarray[Any, np.dtype[np.uint8]],
-        block: Any,
-        memo: dict[Any, Any] | None,
-    ) -> Allocation:
-        """A fresh record for memory a resource hands out again (a pool's hot path).
-
-        Each hand-out gets a NEW record, so arrays of an earlier user of the same memory
-        see ``freed`` and raise :class:`~svmkit.UseAfterFreeError`.
-        """
-        self = cls.__new__(cls)
-        self.resource = resource
-        self.context = resource.context
-        self.policy = resource.policy
-        self.ptr = ptr
-        self.nbytes = nbytes
-        self.block = block
-        self.u8 = u8
-        self._events = None
-        self.map_state = None
-        self.freed = False
-        self.memo = memo
-        self.exports = None
-        return self
 
     @property
     def events(self) -> EventRecord:
@@ -138,12 +106,8 @@ class Allocation:
         record = self._events
         return record.take() if record else []
 
-    def free(self) -> None:
-        """Give the memory back to its resource after recorded commands finish; idempotent.
-
-        The allocation is freed at once (svmkit refuses every later use); its memory goes
-        back only once the last export of it is gone (:mod:`svmkit.resources.exports`).
-        """
+    def _free(self) -> None:
+        """``free()`` in every case its C common case does not cover (see :meth:`free`)."""
         if self.freed:
             return
         if fork.forked:  # the parent's memory: never released in a forked child
@@ -153,10 +117,7 @@ class Allocation:
             exports = self.exports
             if exports is not None and not exports.claim_release(self):
                 return  # the last export to go releases the memory
-            if self.map_state is None:  # (release_memory's common case, inlined)
-                self.resource.deallocate(self)
-            else:
-                self.release_memory()
+            self.release_memory()
 
     def release_memory(self) -> None:
         """Hand the memory back to the resource (after an open driver map closes)."""
@@ -168,9 +129,8 @@ class Allocation:
     def _deallocate(self) -> None:
         self.resource.deallocate(self)
 
-    def __del__(self) -> None:
-        if self.freed:
-            return
+    def _finalize(self) -> None:
+        """The last reference went without ``free()`` (called by the record's finaliser)."""
         try:
             if collecting() and release_thread_running():
                 # A garbage collection may have interrupted a pool holding its lock on

@@ -11,7 +11,6 @@ uses the memory after it is freed"; reuse is a free followed by an allocation).
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 import pyopencl as cl
@@ -20,19 +19,16 @@ from svmkit.driver import fork
 from svmkit.errors import InvalidValueError, OutOfMemoryError
 from svmkit.events import shutting_down
 from svmkit.policy import check_alignment, check_size
-from svmkit.resources._bins import class_size, size_class
-from svmkit.resources._freelist import Block, FreeList
+from svmkit.resources._cpool import Block, BlockCache, class_size, next_generation, size_class
+from svmkit.resources._freelist import FreeList
 from svmkit.resources.base import Allocation, MemoryResource
-from svmkit.resources.counters import AllocationCounters
 from svmkit.resources.exports import exported_bytes, reclaim
 
 __all__ = ["PoolResource"]
 
 log = logging.getLogger(__name__)
 
-_CLASS_MEMO_LIMIT = 4096
 _NO_EVENTS: list[cl.Event] = []
-_new_allocation = Allocation._reuse
 _UNPOOLED = 0  # class of blocks too large to round up: never cached, released when freed
 
 
@@ -86,70 +82,62 @@ class PoolResource(MemoryResource):
         self.context = upstream.context
         self.policy = upstream.policy
         self.capabilities = upstream.capabilities
-        self.max_cached_bytes = max_cached_bytes
         self._max_alloc = min(d.max_alloc_bytes for d in self.capabilities.devices)
-        self._free = FreeList()
+        # The lock, the ready blocks and the counters (StatisticsAdaptor's, kept under the
+        # pool's own lock so a pooled allocation takes one lock, not three) live in C; so
+        # does the common case of an allocation: this instance's `allocate` is the cache's
+        # `take`, which calls `_allocate_slow` below whenever it does not apply.
+        self._cache = BlockCache(self, Allocation, self._max_alloc, max_cached_bytes)
+        self._free = FreeList(self._cache)
+        self._counts = self._cache.counts
+        self.allocate = self._cache.take  # type: ignore[method-assign]
         # Every upstream allocation behind a block, held by the pool itself: a pooled
         # array that dies in a reference cycle takes its Block along into the garbage, and
         # the collector would run the upstream allocation's finaliser (clSVMFree) while the
         # dying array's own finaliser puts the block back in the cache for reuse.
         self._held: dict[int, Allocation] = {}
-        self._lock = threading.Lock()
-        self._classes: dict[int, int] = {}
         self._upstream_bytes = 0  # bytes of every block the pool holds from upstream
         self._upstream_blocks = 0  # blocks the pool holds from upstream
         self._upstream_allocations = 0  # upstream.allocate calls that succeeded
-        # Statistics (StatisticsAdaptor's counters, kept under the pool's own lock so a
-        # pooled allocation takes one lock, not three).
-        self._counts = AllocationCounters()
+
+    @property
+    def max_cached_bytes(self) -> int | None:
+        """Most bytes the pool keeps cached for reuse (``None``: no limit)."""
+        return self._cache.max_cached_bytes
 
     # -- allocation ------------------------------------------------------------------------
     def allocate(self, nbytes: int, alignment: int = 0) -> Allocation:
-        """A block of at least ``nbytes`` bytes, from the cache when one is free to reuse."""
+        """A block of at least ``nbytes`` bytes, from the cache when one is free to reuse.
+
+        (An instance's ``allocate`` is its C cache's ``take``: a ready block of the
+        request's own size class, else this method's body, :meth:`_allocate_slow`.)
+        """
+        allocation: Allocation = self._cache.take(nbytes, alignment)
+        return allocation
+
+    def _allocate_slow(self, nbytes: int, alignment: int = 0) -> Allocation:
+        """Every allocation the C fast path does not serve: a first-seen or invalid size,
+        an alignment to check, a best fit across classes, a pending block, growth."""
         if fork.forked:
             fork.check_owned(self.context, f"this {type(self).__name__}")
-        cls = self._classes.get(nbytes)
-        if not cls:  # first sight of this size, zero bytes or too large to pool
-            return self._allocate_new_size(nbytes, alignment)
-        if alignment:
-            check_alignment(alignment, self.capabilities)  # blocks meet every valid one
-        free = self._free
-        lock = self._lock
-        lock.acquire()
-        try:
-            ready = free.ready.get(cls)
-            if ready:  # the hot path: a ready block of the exact class (FreeList.pop inlined)
-                block: Block | None = ready.pop()
-                free.ready_bytes -= block.size  # type: ignore[union-attr]
-            else:
-                block = free.pop(cls)
-            if block is not None:
-                self._counts.taken(nbytes)
-        finally:
-            lock.release()
-        if block is None:
-            block = self._grow(cls, nbytes)
-        u8 = block.last_u8 if block.last_nbytes == nbytes else block.bytes_for(nbytes)
-        return _new_allocation(self, block.ptr, nbytes, u8, block, block.memo)
-
-    def _allocate_new_size(self, nbytes: int, alignment: int) -> Allocation:
         cls = self._classify(nbytes)
         if alignment:
-            check_alignment(alignment, self.capabilities)
+            check_alignment(alignment, self.capabilities)  # blocks meet every valid one
         if not nbytes:
             return Allocation(self, 0, 0)
         block = None
         if cls:  # (an unpooled size is never cached: it goes to upstream and back)
-            with self._lock:
+            with self._cache:
                 block = self._free.pop(cls)
                 if block is not None:
                     self._counts.taken(nbytes)
         if block is None:
             block = self._grow(cls, nbytes)
-        u8 = block.bytes_for(nbytes)
-        return _new_allocation(self, block.ptr, nbytes, u8, block, block.memo)
+        allocation: Allocation = self._cache.hand_out(block, nbytes)
+        return allocation
 
     def _classify(self, nbytes: int) -> int:
+        """The size class of a valid request (0: zero bytes, or too large to pool)."""
         if isinstance(nbytes, bool) or not isinstance(nbytes, int):
             raise InvalidValueError(f"size must be an int, got {nbytes!r}")
         if not 0 < nbytes <= self._max_alloc:
@@ -157,11 +145,7 @@ class PoolResource(MemoryResource):
         if nbytes == 0:
             return 0
         cls = size_class(nbytes)
-        if class_size(cls) > self._max_alloc:
-            return _UNPOOLED
-        if len(self._classes) < _CLASS_MEMO_LIMIT:
-            self._classes[nbytes] = cls
-        return cls
+        return _UNPOOLED if class_size(cls) > self._max_alloc else cls
 
     def _grow(self, cls: int, nbytes: int) -> Block:
         """A new block from upstream; on OutOfMemoryError release the cache, retry once."""
@@ -189,7 +173,7 @@ class PoolResource(MemoryResource):
                 cl_error="CL_MEM_OBJECT_ALLOCATION_FAILURE",
             )
         block = Block(cls, upstream)
-        with self._lock:
+        with self._cache:
             self._held[block.ptr] = upstream
             self._upstream_bytes += block.size
             self._upstream_blocks += 1
@@ -228,26 +212,21 @@ class PoolResource(MemoryResource):
         block: Block = allocation.block
         record = allocation._events
         events = record.take() if record else _NO_EVENTS
-        limit = self.max_cached_bytes
-        lock = self._lock
-        lock.acquire()
-        try:
-            self._counts.returned(allocation.nbytes)
-            free = self._free
-            keep = block.cls and (limit is None or free.cached_bytes + block.size <= limit)
-            if keep and not events and block.cls in free.ready:  # FreeList.push inlined
-                free.ready[block.cls].append(block)
-                free.ready_bytes += block.size
-            elif keep:
-                free.push(block, events)
-            else:
-                self._upstream_bytes -= block.size
-                self._upstream_blocks -= 1
-                self._held.pop(block.ptr, None)
-        finally:
-            lock.release()
-        if not keep:
-            _release_upstream(block, events)
+        if self._cache.give(block, allocation.nbytes, bool(events)):
+            if events:  # (its bytes are counted as pending already)
+                with self._cache:
+                    self._free.push_pending(block, events)
+            return
+        self._release_block(block, events)
+
+    def _release_block(self, block: Block, events: list[cl.Event] = _NO_EVENTS) -> None:
+        """Give a block the cache does not keep (unpooled, or beyond ``max_cached_bytes``)
+        back upstream once ``events`` completed."""
+        with self._cache:
+            self._upstream_bytes -= block.size
+            self._upstream_blocks -= 1
+            self._held.pop(block.ptr, None)
+        _release_upstream(block, events)
 
     # -- cache control ---------------------------------------------------------------------
     def trim(self) -> int:
@@ -258,7 +237,7 @@ class PoolResource(MemoryResource):
         return self._release_cache(wait=False)
 
     def _release_cache(self, *, wait: bool) -> int:
-        with self._lock:
+        with self._cache:
             if wait:
                 self._free.wait_pending()
             cached = self._free.take_all()
@@ -282,7 +261,7 @@ class PoolResource(MemoryResource):
         """
         if fork.forked:
             fork.check_owned(self.context, f"this {type(self).__name__}")
-        with self._lock:
+        with self._cache:
             free = self._free
             block_bytes = self._upstream_bytes - free.cached_bytes
             in_use = self._counts.current_bytes
@@ -306,13 +285,16 @@ class PoolResource(MemoryResource):
         snapshot)."""
         if fork.forked:
             fork.check_owned(self.context, f"this {type(self).__name__}")
-        with self._lock:
+        with self._cache:
             return self._counts.snapshot()
 
     @property
     def cached_bytes(self) -> int:
         """Bytes the pool holds for reuse (ready and pending)."""
         return self._free.cached_bytes
+
+
+fork.in_child(next_generation)  # the parent's caches defer to Python there, which refuses them
 
 
 def _release_upstream(block: Block, events: list[cl.Event]) -> None:
