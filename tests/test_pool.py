@@ -3,6 +3,7 @@ out-of-memory handling, trim, checked upstream results, adaptors' figures, stres
 
 from __future__ import annotations
 
+import gc
 import random
 import threading
 import warnings
@@ -69,6 +70,121 @@ def test_many_distinct_sizes(ctx: cl.Context) -> None:
         assert a.nbytes == n and a.u8.size == n
         a.free()
     assert pool.info()["upstream_blocks"] == size_class(5999)
+
+
+def test_size_class_functions_refuse_what_has_no_class() -> None:
+    for bad in (0, -1, 2**62 + 1):
+        with pytest.raises(ValueError, match="size_class takes"):
+            size_class(bad)
+    for bad in (0, -3, 10**6):
+        with pytest.raises(ValueError, match="no size class"):
+            class_size(bad)
+
+
+# -- the C fast path (svmkit.resources._cpool) -------------------------------------------
+def test_fast_path_reuses_a_ready_block_and_counts_exactly(ctx: cl.Context) -> None:
+    pool = sk.PoolResource(sk.SVMResource(ctx))
+    first = pool.allocate(100)
+    ptr = first.ptr
+    first.free()
+    for _ in range(1000):  # served from the ready list, freed back to it
+        a = pool.allocate(100)
+        assert a.ptr == ptr and a.nbytes == 100 and a.u8.size == 100
+        assert a is not first and not a.freed
+        a.free()
+        assert a.freed
+    assert first.freed  # a record of an earlier hand-out stays freed
+    assert pool.statistics() == {
+        "current_bytes": 0,
+        "peak_bytes": 100,
+        "total_bytes": 100 * 1001,
+        "current_allocations": 0,
+        "peak_allocations": 1,
+        "total_allocations": 1001,
+    }
+    info = pool.info()
+    assert info["upstream_allocations"] == 1 and info["cached_blocks"] == 1
+    assert info["cached_bytes"] == class_size(size_class(100))
+
+
+def test_fast_free_respects_max_cached_bytes(ctx: cl.Context) -> None:
+    upstream = sk.StatisticsAdaptor(sk.SVMResource(ctx))
+    pool = sk.PoolResource(upstream, max_cached_bytes=64)
+    a, b = pool.allocate(64), pool.allocate(64)
+    a.free()  # fits under the limit: cached
+    b.free()  # beyond it: released upstream at once
+    assert pool.cached_bytes == 64 and pool.max_cached_bytes == 64
+    assert upstream.stats()["current_bytes"] == 64
+    info = pool.info()
+    assert info["upstream_blocks"] == 1 and info["live_allocations"] == 0
+
+
+def test_fast_path_takes_the_smallest_fitting_class_and_stops_at_pending(
+    ctx: cl.Context, queue: cl.CommandQueue
+) -> None:
+    pool = sk.PoolResource(sk.SVMResource(ctx))
+    wanted = size_class(4096)
+    larger = pool.allocate(class_size(wanted + 2))  # two classes up: fits
+    far = pool.allocate(class_size(wanted + 5))  # five classes up: never taken
+    pending = pool.allocate(class_size(wanted + 1))
+    larger_ptr, far_ptr, pending_ptr = larger.ptr, far.ptr, pending.ptr
+    far.free()
+    larger.free()
+    got = pool.allocate(4096)
+    assert got.ptr == larger_ptr and pool.info()["upstream_blocks"] == 3
+    # A pending block of a class between: polled first, taken once its event completed.
+    gate = cl.UserEvent(ctx)
+    pending.events.record(gate)
+    pending.free()
+    assert pool.info()["pending_bytes"] == class_size(wanted + 1)
+    other = pool.allocate(4096)  # not before its event; the far block does not fit
+    assert other.ptr not in (pending_ptr, larger_ptr, far_ptr)
+    gate.set_status(cl.command_execution_status.COMPLETE)
+    again = pool.allocate(4096)
+    assert again.ptr == pending_ptr and pool.info()["pending_bytes"] == 0
+    for a in (got, other, again):
+        a.free()
+    assert pool.info()["upstream_blocks"] == 4 and pool.info()["live_allocations"] == 0
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "alignment", "error"),
+    [
+        (True, 0, sk.InvalidValueError),
+        (64.0, 0, sk.InvalidValueError),
+        (-1, 0, sk.InvalidValueError),
+        (2**70, 0, sk.InvalidValueError),
+        (64, 3, sk.InvalidValueError),
+        (64, 1 << 20, sk.InvalidValueError),
+    ],
+)
+def test_fast_path_leaves_bad_requests_to_the_checked_path(
+    ctx: cl.Context, nbytes: Any, alignment: int, error: type[Exception]
+) -> None:
+    pool = sk.PoolResource(sk.SVMResource(ctx))
+    pool.allocate(64).free()  # a ready block of the class a bad request might take
+    with pytest.raises(error):
+        pool.allocate(nbytes, alignment)
+    assert pool.statistics()["current_allocations"] == 0
+    assert pool.info()["cached_blocks"] == 1  # nothing taken, nothing lost
+
+
+def test_fast_path_after_the_pool_is_gone_is_a_reference_error(ctx: cl.Context) -> None:
+    pool = sk.PoolResource(sk.SVMResource(ctx))
+    allocate = pool.allocate
+    del pool
+    gc.collect()
+    with pytest.raises(ReferenceError, match="pool of this cache is gone"):
+        allocate(64)
+
+
+def test_record_of_an_adaptor_frees_through_the_adaptor(ctx: cl.Context) -> None:
+    pool = sk.PoolResource(sk.SVMResource(ctx))
+    counted = sk.StatisticsAdaptor(pool)
+    a = counted.allocate(256)
+    a.free()  # not the pool's own record any more: the adaptor must see it back
+    assert counted.stats()["current_allocations"] == 0
+    assert pool.statistics()["current_allocations"] == 0
 
 
 # -- event-ordered reuse -----------------------------------------------------------------

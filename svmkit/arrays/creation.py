@@ -72,20 +72,22 @@ def _new(
         return _wrap(alloc, _typed_view(alloc.u8, shape, dtype, nbytes))
     # A pooled block: its typed views outlive each hand-out.  An array's ``_view`` never
     # leaves svmkit (host access hands out exports, made afresh for each allocation), so
-    # the hand-outs of one block may share them.
+    # the hand-outs of one block may share them.  A new one is cut from the whole block's
+    # bytes (the allocation's own byte view is made only when something asks for it).
     key = (shape, dtype)
     view = memo.get(key)
     if view is None:
         if len(memo) >= _MEMO_VIEWS:
             memo.clear()
-        view = memo[key] = _typed_view(alloc.u8, shape, dtype, nbytes)
+        view = memo[key] = _typed_view(alloc.block.u8, shape, dtype, nbytes)
     return _wrap(alloc, view)
 
 
 def _typed_view(
     u8: np.ndarray[Any, Any], shape: tuple[int, ...], dtype: np.dtype[Any], nbytes: int
 ) -> np.ndarray[Any, Any]:
-    """``shape`` and ``dtype`` over the first ``nbytes`` of ``u8`` (no copy, no access)."""
+    """``shape`` and ``dtype`` over the first ``nbytes`` of ``u8`` (no copy, no access;
+    ``u8`` may be longer)."""
     view: np.ndarray[Any, Any] = np.frombuffer(u8, dtype, nbytes // dtype.itemsize if nbytes else 0)
     return view if len(shape) == 1 else view.reshape(shape)
 

@@ -122,20 +122,25 @@ class Pool(MemoryResource):
     def empty(self, shape: Any, dtype: Any = np.float64, *, alignment: int = 0) -> SVMArray:
         """A new uninitialised array from the pool (``svmkit.empty`` semantics)."""
         try:
-            spec = self._specs[shape, dtype]
-        except (KeyError, TypeError):
+            spec = self._specs.get((shape, dtype))
+        except TypeError:  # an unhashable spelling (a list shape): not memoised
+            spec = None
+        if spec is None:
             spec = self._remember(shape, dtype)
         return _new(self.resource, spec[0], spec[1], alignment, spec[2])
 
     def _remember(self, shape: Any, dtype: Any) -> _Spec:
-        spec = _spec(shape, dtype)
+        if type(shape) is int and shape >= 0 and isinstance(dtype, np.dtype):
+            spec: _Spec = ((shape,), dtype, shape * dtype.itemsize)  # (numeric code's usual call)
+        else:
+            spec = _spec(shape, dtype)
         specs = self._specs
         if len(specs) >= _SPECS_LIMIT:
             specs.clear()
         try:
             specs[shape, dtype] = spec
         except TypeError:
-            pass  # an unhashable spelling (a list shape): not memoised
+            pass
         return spec
 
     def full(

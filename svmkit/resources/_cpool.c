@@ -349,7 +349,10 @@ static PyTypeObject BlockType = {
 typedef struct {
     Block **items;
     Py_ssize_t n, cap;
+    Py_ssize_t pending; /* blocks of this class waiting for events (listed in Python) */
 } Stack;
+
+#define LOOKAHEAD 4 /* a request may take a block up to 4 classes larger (~25 % more) */
 
 typedef struct {
     PyObject_HEAD
@@ -421,6 +424,27 @@ cache_pop_ready(BlockCache *self, Py_ssize_t cls)
 }
 
 /* The pool (borrowed: alive while its weak reference resolves), or NULL once it is gone. */
+/* Best fit for class cls, scanning classes start .. cls + LOOKAHEAD: the first (smallest)
+ * class with a ready block gives its most recent one (a new reference).  NULL with *poll
+ * set to a class whose pending blocks must be polled first (by Python, which calls back
+ * with start = that class + 1), or NULL with *poll = 0: nothing cached fits. */
+static Block *
+cache_best_fit(BlockCache *self, Py_ssize_t cls, Py_ssize_t start, Py_ssize_t *poll)
+{
+    Py_ssize_t stop = cls + LOOKAHEAD < self->nclasses ? cls + LOOKAHEAD + 1 : self->nclasses;
+    *poll = 0;
+    for (Py_ssize_t c = start < 1 ? 1 : start; c < stop; c++) {
+        Block *block = cache_pop_ready(self, c);
+        if (block)
+            return block;
+        if (self->ready[c].pending) {
+            *poll = c;
+            return NULL;
+        }
+    }
+    return NULL;
+}
+
 static PyObject *
 cache_owner(BlockCache *self)
 {
@@ -512,8 +536,9 @@ BlockCache_take(BlockCache *self, PyObject *const *args, Py_ssize_t nargs, PyObj
             Py_ssize_t cls = size_class(n);
             PyObject *owner = cache_owner(self);
             if (owner && cls < self->nclasses) {
+                Py_ssize_t poll;
                 cache_lock(self);
-                Block *block = cache_pop_ready(self, cls);
+                Block *block = cache_best_fit(self, cls, cls, &poll);
                 if (block)
                     counters_taken(self->counts, n);
                 cache_unlock(self);
@@ -559,6 +584,7 @@ cache_give(BlockCache *self, Block *block, Py_ssize_t n, int pending)
             self->ready_bytes + self->pending_bytes + block->size <= self->max_cached);
     if (keep && pending) {
         self->pending_bytes += block->size;
+        self->ready[block->cls].pending += 1;
     }
     else if (keep) {
         Py_INCREF(block);
@@ -586,15 +612,42 @@ BlockCache_give(BlockCache *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *
-BlockCache_pop_ready(BlockCache *self, PyObject *arg)
+BlockCache_best_fit(BlockCache *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_ssize_t cls = PyLong_AsSsize_t(arg);
-    if (cls == -1 && PyErr_Occurred())
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "best_fit(cls, start)");
         return NULL;
-    Block *block = cache_pop_ready(self, cls);
-    if (!block)
+    }
+    Py_ssize_t cls = PyLong_AsSsize_t(args[0]);
+    Py_ssize_t start = cls == -1 && PyErr_Occurred() ? -1 : PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred())
+        return NULL;
+    if (cls < 1 || cls >= self->nclasses)
         Py_RETURN_NONE;
-    return (PyObject *)block;
+    Py_ssize_t poll;
+    Block *block = cache_best_fit(self, cls, start, &poll);
+    if (block)
+        return (PyObject *)block;
+    if (poll)
+        return PyLong_FromSsize_t(poll);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+BlockCache_unpend(BlockCache *self, PyObject *arg)
+{
+    if (!PyObject_TypeCheck(arg, &BlockType)) {
+        PyErr_SetString(PyExc_TypeError, "unpend takes a Block");
+        return NULL;
+    }
+    Block *block = (Block *)arg;
+    if (block->cls < 1 || block->cls >= self->nclasses || !self->ready[block->cls].pending) {
+        PyErr_Format(PyExc_ValueError, "no pending block of class %zd", block->cls);
+        return NULL;
+    }
+    self->ready[block->cls].pending -= 1;
+    self->pending_bytes -= block->size;
+    Py_RETURN_NONE;
 }
 
 static PyObject *
@@ -762,8 +815,13 @@ static PyMethodDef BlockCache_methods[] = {
      "give(block, nbytes, pending): count nbytes given back and keep the block if it is "
      "pooled and fits under max_cached_bytes (ready, or counted as pending: the caller lists "
      "it with its events); False: the caller releases it upstream.  Takes the lock."},
-    {"pop_ready", (PyCFunction)BlockCache_pop_ready, METH_O,
-     "pop_ready(cls): the most recent ready block of class cls, or None (hold the lock)."},
+    {"best_fit", (PyCFunction)(void (*)(void))BlockCache_best_fit, METH_FASTCALL,
+     "best_fit(cls, start): scanning classes start .. cls + 4, the most recent ready block "
+     "of the first class that has one; or the first class on the way whose pending blocks "
+     "must be polled first (an int: call again with start = it + 1); or None (hold the "
+     "lock)."},
+    {"unpend", (PyCFunction)BlockCache_unpend, METH_O,
+     "unpend(block): a pending block left the pending list (hold the lock)."},
     {"push_ready", (PyCFunction)BlockCache_push_ready, METH_O,
      "push_ready(block): list a block as ready for reuse (hold the lock)."},
     {"take_ready", (PyCFunction)BlockCache_take_ready, METH_NOARGS,
@@ -780,8 +838,8 @@ static PyMemberDef BlockCache_members[] = {
      "bytes of ready blocks"},
     {"ready_blocks", T_PYSSIZET, offsetof(BlockCache, ready_blocks), READONLY,
      "number of ready blocks"},
-    {"pending_bytes", T_PYSSIZET, offsetof(BlockCache, pending_bytes), 0,
-     "bytes of blocks waiting for events (kept by the Python free list, under the lock)"},
+    {"pending_bytes", T_PYSSIZET, offsetof(BlockCache, pending_bytes), READONLY,
+     "bytes of blocks waiting for events (listed by the Python free list)"},
     {"nclasses", T_PYSSIZET, offsetof(BlockCache, nclasses), READONLY,
      "classes 1 .. nclasses - 1 are pooled"},
     {NULL}};
@@ -843,12 +901,9 @@ Record_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 static PyObject *
 cache_hand_out(BlockCache *self, PyObject *owner, Block *block, PyObject *nbytes, Py_ssize_t n)
 {
-    PyObject *u8 = block_bytes_for(block, n);
-    Record *rec = u8 ? (Record *)((PyTypeObject *)self->record_type)
-                           ->tp_alloc((PyTypeObject *)self->record_type, 0)
-                     : NULL;
+    Record *rec = (Record *)((PyTypeObject *)self->record_type)
+                      ->tp_alloc((PyTypeObject *)self->record_type, 0);
     if (!rec) {
-        Py_XDECREF(u8);
         /* The block goes back to the ready list; the allocation never happened. */
         cache_lock(self);
         counters_returned(self->counts, n);
@@ -864,7 +919,7 @@ cache_hand_out(BlockCache *self, PyObject *owner, Block *block, PyObject *nbytes
     rec->ptr = Py_NewRef(block->ptr);
     rec->nbytes = Py_NewRef(nbytes);
     rec->block = (PyObject *)block; /* the reference moves */
-    rec->u8 = u8;
+    rec->u8 = NULL; /* made on first use (the `u8` getter) */
     rec->events = Py_NewRef(Py_None);
     rec->map_state = Py_NewRef(Py_None);
     rec->memo = Py_NewRef(block->memo);
@@ -968,12 +1023,42 @@ static PyMemberDef Record_members[] = {
     {"ptr", T_OBJECT, offsetof(Record, ptr), 0, "address of the first byte"},
     {"nbytes", T_OBJECT, offsetof(Record, nbytes), 0, "bytes asked for"},
     {"block", T_OBJECT, offsetof(Record, block), 0, "the resource's own bookkeeping"},
-    {"u8", T_OBJECT, offsetof(Record, u8), 0, "uint8 NumPy view of the bytes"},
     {"_events", T_OBJECT, offsetof(Record, events), 0, "EventRecord, or None"},
     {"map_state", T_OBJECT, offsetof(Record, map_state), 0, "MapState, or None"},
     {"memo", T_OBJECT, offsetof(Record, memo), 0, "per-block cache, or None"},
     {"exports", T_OBJECT, offsetof(Record, exports), 0, "ExportRecord, or None"},
     {"freed", T_BOOL, offsetof(Record, freed), 0, "whether free() ran"},
+    {NULL}};
+
+/* A pooled record's byte view is made on first use: most hand-outs never need it. */
+static PyObject *
+Record_get_u8(Record *self, void *closure)
+{
+    if (!self->u8) {
+        if (!self->block || !PyObject_TypeCheck(self->block, &BlockType) || !self->nbytes) {
+            PyErr_SetString(PyExc_AttributeError, "u8");
+            return NULL;
+        }
+        Py_ssize_t n = PyLong_AsSsize_t(self->nbytes);
+        if (n == -1 && PyErr_Occurred())
+            return NULL;
+        self->u8 = block_bytes_for((Block *)self->block, n);
+        if (!self->u8)
+            return NULL;
+    }
+    return Py_NewRef(self->u8);
+}
+
+static int
+Record_set_u8(Record *self, PyObject *value, void *closure)
+{
+    Py_XINCREF(value);
+    Py_XSETREF(self->u8, value);
+    return 0;
+}
+
+static PyGetSetDef Record_getset[] = {
+    {"u8", (getter)Record_get_u8, (setter)Record_set_u8, "uint8 NumPy view of the bytes", NULL},
     {NULL}};
 
 static PyTypeObject RecordType = {
@@ -989,6 +1074,7 @@ static PyTypeObject RecordType = {
     .tp_weaklistoffset = offsetof(Record, weakreflist),
     .tp_methods = Record_methods,
     .tp_members = Record_members,
+    .tp_getset = Record_getset,
 };
 
 /* ---------------------------------------------------------------- module -------------- */

@@ -29,18 +29,19 @@ _POLL_LIMIT = 8
 class FreeList:
     """Cached blocks keyed by size class: best fit among ready blocks, pending ones polled.
 
-    ``pop(cls)`` returns a ready block of class ``cls`` if there is one (LIFO: the most
-    recently used memory is the warmest), else the smallest ready or newly completed block
-    of the next ``lookahead`` classes, else ``None``.
+    ``pop(cls)`` returns a block of class ``cls`` or of one of the next 4 classes (at most
+    ~25 % larger), the smallest class first, that is free to hand out now: ready (LIFO: the
+    most recently used memory is the warmest) or pending with every event completed; else
+    ``None``.  The scan is C's (:meth:`BlockCache.best_fit`, also the allocation fast path);
+    it stops at each class with pending blocks for this list to poll them.
     """
 
-    __slots__ = ("_pending", "cache", "lookahead")
+    __slots__ = ("_pending", "cache")
     svmkit_exit_events = "pending_events"  # waited for at exit (svmkit.events.exit_wait)
 
-    def __init__(self, cache: BlockCache, lookahead: int = 4) -> None:
+    def __init__(self, cache: BlockCache) -> None:
         self.cache = cache
         self._pending: dict[int, list[tuple[list[cl.Event], Block]]] = {}
-        self.lookahead = lookahead
 
     @property
     def ready_bytes(self) -> int:
@@ -61,30 +62,28 @@ class FreeList:
         return self.cache.ready_blocks + sum(map(len, self._pending.values()))
 
     def push_pending(self, block: Block, events: Sequence[cl.Event]) -> None:
-        """List ``block``, whose bytes ``BlockCache.give`` counted as pending; it is handed
-        out again only after ``events`` completed."""
+        """List ``block``, which ``BlockCache.give`` counted as pending; it is handed out
+        again only after ``events`` completed."""
         self._pending.setdefault(block.cls, []).append((list(events), block))
 
     def pop(self, cls: int) -> Block | None:
-        """A block of class ``cls`` (or up to ``lookahead`` classes larger) that is free to
-        hand out now, or ``None``."""
+        """A block that fits class ``cls`` and is free to hand out now, or ``None``."""
         cache = self.cache
-        for c in range(cls, cls + self.lookahead + 1):
-            block = cache.pop_ready(c)
-            if block is not None:
-                return block
-            pending = self._pending.get(c)
-            if pending:
-                done = self._take_completed(pending)
-                if done is not None:
-                    return done
-        return None
+        start = cls
+        while True:
+            found = cache.best_fit(cls, start)
+            if found is None or isinstance(found, Block):
+                return found
+            done = self._take_completed(self._pending.get(found, []))
+            if done is not None:
+                return done
+            start = found + 1
 
     def _take_completed(self, pending: list[tuple[list[cl.Event], Block]]) -> Block | None:
         for i, (events, block) in enumerate(pending[:_POLL_LIMIT]):
             if all(is_complete(e) for e in events):
                 del pending[i]
-                self.cache.pending_bytes -= block.size
+                self.cache.unpend(block)
                 return block
         return None
 
@@ -100,8 +99,8 @@ class FreeList:
         for pending in list(self._pending.values()):
             for events, block in pending:
                 wait_pending(events)
+                cache.unpend(block)
                 cache.push_ready(block)
-                cache.pending_bytes -= block.size
         self._pending.clear()
 
     def take_all(self) -> list[tuple[Block, list[cl.Event]]]:
@@ -111,6 +110,6 @@ class FreeList:
         for pending in self._pending.values():
             for events, block in pending:
                 out.append((block, events))
-                cache.pending_bytes -= block.size
+                cache.unpend(block)
         self._pending.clear()
         return out
