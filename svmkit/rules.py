@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyopencl as cl
 
+from svmkit.driver.per_context import canonical_context
 from svmkit.driver.queues import default_queue
 from svmkit.errors import (
     CopyOverlapError,
@@ -112,7 +113,7 @@ def context_of(obj: Any) -> cl.Context:
     try:
         return obj._svmkit_context
     except AttributeError:
-        context = obj.context
+        context = canonical_context(obj.context)
         try:
             obj._svmkit_context = context
         except AttributeError:

@@ -23,10 +23,16 @@ from svmkit.driver import calls, fork
 from svmkit.errors import InvalidValueError, MapStateError
 from svmkit.events.record import check_wait_for, wait_pending
 from svmkit.events.release import release_after
-from svmkit.policy import Policy
+from svmkit.policy import Access, Policy
 from svmkit.resources.base import Allocation
 from svmkit.resources.exports import host_export
-from svmkit.rules import check_command, check_queue, is_contiguous, use_after_free
+from svmkit.rules import (
+    check_command,
+    check_queue,
+    check_same_context,
+    is_contiguous,
+    use_after_free,
+)
 
 __all__ = ["SVMArray", "byte_extent"]
 
@@ -79,24 +85,27 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
       unhashable (as a NumPy array).
     """
 
-    __slots__ = ("_alloc", "_offset", "_view", "base")
+    __slots__ = ("_alloc", "_contiguous", "_offset", "_view", "base")
 
     _alloc: Allocation
     _view: np.ndarray[Any, Any]
     _offset: int
+    _contiguous: bool  # whether the view's bytes form one run (views never change layout)
     base: SVMArray | None
 
     def __init__(
         self, alloc: Allocation, view: np.ndarray[Any, Any], base: SVMArray | None = None
     ) -> None:
         offset = view.__array_interface__["data"][0] - alloc.ptr if alloc.nbytes else 0
-        if is_contiguous(view):
+        contiguous = is_contiguous(view)
+        if contiguous:
             super().__init__(view)
         else:  # PyOpenCL's SVM pointer wants contiguous memory: point at element 0's bytes
             super().__init__(alloc.u8[offset : byte_extent(view)[1] - alloc.ptr])
         self._alloc = alloc
         self._view = view
         self._offset = offset
+        self._contiguous = contiguous
         self.base = base
 
     @classmethod
@@ -108,6 +117,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         self._alloc = alloc
         self._view = view
         self._offset = 0
+        self._contiguous = True
         self.base = None
         return self
 
@@ -166,7 +176,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
     @property
     def contiguous(self) -> bool:
         """Whether the array's bytes form one gap-free run."""
-        return is_contiguous(self._view)
+        return self._contiguous
 
     @property
     def ptr(self) -> int:
@@ -192,10 +202,34 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
     def _span(self) -> tuple[int, int]:
         """``(start, stop)`` offsets into the allocation of the bytes this array touches
         (O(1) for contiguous arrays)."""
-        view = self._view
-        if is_contiguous(view):
-            return self._offset, self._offset + view.nbytes
+        if self._contiguous:
+            return self._offset, self._offset + self._view.nbytes
         return self.byte_range()
+
+    def _use(
+        self, context: cl.Context, writes: bool | None, name: str, what: str
+    ) -> Allocation:
+        """The allocation, checked for a command of ``context`` on this array's bytes.
+
+        The operations' hot path runs the rules in one call: live (:meth:`_live`), of the
+        command's context (:func:`~svmkit.rules.check_same_context`, naming the array
+        ``name``) and clear of conflicting maps (:func:`~svmkit.rules.check_command`,
+        naming the command ``what``; ``writes=None``: a write unless the policy is
+        read-only).  Each rule keeps its own function; the cheap tests here only decide
+        whether it must run.
+        """
+        alloc = self._alloc
+        if alloc.freed or fork.forked:
+            alloc = self._live()
+        if alloc.context is not context:
+            check_same_context(alloc, context, name)
+        state = alloc.map_state
+        if state is not None and state.stop:
+            if writes is None:
+                writes = alloc.policy.access is not Access.READ_ONLY
+            lo, hi = self._span()
+            check_command(alloc, lo, hi, writes, what)
+        return alloc
 
     def _check_command(self, alloc: Allocation, writes: bool, what: str) -> None:
         """The map-state rule for a command on this array's bytes (see

@@ -9,7 +9,7 @@ from typing import Generic, TypeVar
 
 import pyopencl as cl
 
-__all__ = ["PerContext"]
+__all__ = ["PerContext", "canonical_context"]
 
 T = TypeVar("T")
 
@@ -38,3 +38,21 @@ class PerContext(Generic[T]):
             if value is None:
                 value = self._values[context] = self._factory(context)
         return value
+
+
+_canonical: weakref.WeakValueDictionary[int, cl.Context] = weakref.WeakValueDictionary()
+
+
+def canonical_context(ctx: cl.Context) -> cl.Context:
+    """The first live ``Context`` object svmkit met for ``ctx``'s OpenCL context.
+
+    PyOpenCL makes a new Python object at every ``.context`` read (of a queue, a kernel),
+    so objects of one context compare equal without being identical.  svmkit's resources
+    and its cached queue and kernel contexts use this one object, so the operations' hot
+    path compares contexts by identity and reaches ``==`` (a driver handle comparison)
+    only for a context that really differs.
+    """
+    found = _canonical.get(ctx.int_ptr)
+    if found is None:
+        found = _canonical.setdefault(ctx.int_ptr, ctx)
+    return found

@@ -59,9 +59,14 @@ class EventRecord:
 
     def record(self, event: cl.Event, queue: cl.CommandQueue | None = None) -> None:
         """Remember that ``event`` (enqueued on ``queue``, if known) uses the allocation."""
-        if queue is not None and in_order(queue):
-            self._latest[queue] = event  # one atomic store: the newest event of the queue
-            return
+        if queue is not None:
+            try:
+                ordered = queue._svmkit_in_order  # (in_order's cache, read inline)
+            except AttributeError:
+                ordered = in_order(queue)
+            if ordered:
+                self._latest[queue] = event  # one atomic store: the newest event of the queue
+                return
         with self._lock:  # an append racing a prune must not be lost
             events = self._events
             events.append(event)

@@ -19,12 +19,11 @@ from svmkit.driver import calls
 from svmkit.errors import InvalidValueError
 from svmkit.events.record import WaitFor, wait_list
 from svmkit.ops.placeholder import placeholder
-from svmkit.policy import Access, Granularity
-from svmkit.resources.base import Allocation
+from svmkit.policy import Granularity
+from svmkit.resources.base import Allocation, record_event
 from svmkit.rules import (
     check_kernel_context,
     check_queue,
-    check_same_context,
     context_of,
 )
 
@@ -80,23 +79,27 @@ def launch(
         queue = check_queue(queue, context_of(kernel))  # raises
     context = context_of(queue)
     check_kernel_context(kernel, context)
-    wait = wait_list(context, wait_for)
+    wait = wait_list(context, wait_for) if wait_for is not None else None
     allocs: list[Allocation] = []
     others: list[Any] = []
     pointers: list[int] = []
     system = False  # any SYSTEM array involved
     call_args: list[Any] | None = None  # a copy of args, made when one is replaced
-    for i, arg in enumerate(args):
+    i = -1
+    for arg in args:
+        i += 1
+        if type(arg) in _PLAIN_ARGUMENTS:
+            continue  # the common scalars: no attribute probing (slow on NumPy scalars)
         if isinstance(arg, SVMArray):
-            alloc = _check_kernel_array(arg, context, "a kernel argument")
+            alloc = arg._use(context, None, "a kernel argument", "launch()")
             allocs.append(alloc)
-            if alloc.ptr == 0:  # a zero-byte array allocates nothing
+            if not alloc.ptr:  # a zero-byte array allocates nothing
                 call_args = call_args or list(args)
                 call_args[i] = placeholder(context)
-            elif alloc.policy.granularity is Granularity.SYSTEM:
+            elif alloc.policy.granularity is _SYSTEM:
                 system = True
-        elif isinstance(arg, _PLAIN_ARGUMENTS):
-            continue  # the common scalars: no attribute probing (slow on NumPy scalars)
+        elif isinstance(arg, _PLAIN_BASES):
+            continue
         elif hasattr(arg, "kernel_arg") and hasattr(arg, "svm_pointers"):
             call_args = call_args or list(args)
             call_args[i] = arg.kernel_arg
@@ -104,11 +107,11 @@ def launch(
             others.append(arg)
     for used in uses:
         if isinstance(used, SVMArray):
-            alloc = _check_kernel_array(used, context, "a `uses` entry")
+            alloc = used._use(context, None, "a `uses` entry", "launch()")
             allocs.append(alloc)
             if _listable(alloc):
                 pointers.append(alloc.ptr + used._offset)
-            elif alloc.policy.granularity is Granularity.SYSTEM:
+            elif alloc.policy.granularity is _SYSTEM:
                 system = True
         elif hasattr(used, "svm_pointers"):
             pointers.extend(used.svm_pointers)
@@ -117,14 +120,15 @@ def launch(
             raise InvalidValueError(
                 f"uses= takes SVMArrays (or work queues), got {type(used).__name__}"
             )
-    _register_svm_pointers(kernel, pointers, context)
+    if pointers or getattr(kernel, "_svmkit_svm_ptrs", False):
+        _register_svm_pointers(kernel, pointers, context)
     if system and not getattr(kernel, "_svmkit_fine_grain_system", False):
         _allow_fine_grain_system(kernel)
     event = calls.enqueue_kernel(
         queue, kernel, global_size, local_size, args if call_args is None else call_args, wait
     )
     for alloc in allocs:
-        alloc.events.record(event, queue)
+        record_event(alloc, event, queue)
     for other in others:  # a work queue that records its own events
         record = getattr(other, "record", None)
         if callable(record):
@@ -132,14 +136,12 @@ def launch(
     return event
 
 
-_PLAIN_ARGUMENTS = (np.generic, int, float, bytes, type(None))
-
-
-def _check_kernel_array(a: SVMArray, context: cl.Context, name: str) -> Allocation:
-    alloc = a._live()
-    check_same_context(alloc, context, name)
-    a._check_command(alloc, alloc.policy.access is not Access.READ_ONLY, "launch()")
-    return alloc
+_SYSTEM = Granularity.SYSTEM
+_PLAIN_BASES = (np.generic, int, float, bytes, type(None))
+_PLAIN_ARGUMENTS = frozenset(
+    {int, float, bytes, type(None), np.int8, np.uint8, np.int16, np.uint16, np.int32}
+    | {np.uint32, np.int64, np.uint64, np.float16, np.float32, np.float64, np.bool_}
+)  # (exact types: one set lookup; subclasses and other NumPy scalars: _PLAIN_BASES)
 
 
 def _listable(alloc: Allocation) -> bool:

@@ -25,6 +25,7 @@ from svmkit.errors import InvalidValueError, UnsupportedError
 from svmkit.events.record import WaitFor, wait_list
 from svmkit.events.release import release_after
 from svmkit.policy import Granularity
+from svmkit.resources.base import Allocation, record_event
 from svmkit.rules import (
     check_contiguous,
     check_fill_target,
@@ -33,11 +34,9 @@ from svmkit.rules import (
     check_pattern,
     check_pattern_max,
     check_queue,
-    check_same_context,
     check_same_nbytes,
     check_wait_status,
     context_of,
-    is_contiguous,
 )
 
 __all__ = ["copy", "fill", "migrate"]
@@ -80,35 +79,30 @@ def fill(
     """
     if not isinstance(dst, SVMArray):
         raise InvalidValueError(f"fill destination must be an SVMArray, got {type(dst).__name__}")
-    alloc = dst._live()
-    context = alloc.context
+    context = dst._alloc.context
     queue = check_queue(queue, context)
-    wait = wait_list(context, wait_for)
-    pattern = check_pattern(value, dst._view.dtype)
+    wait = wait_list(context, wait_for) if wait_for is not None else None
+    alloc = dst._use(context, True, "fill destination", "fill()")
+    view = dst._view
+    pattern = check_pattern(value, view.dtype)
     if pattern.nbytes > 64:  # every device supports 64-byte vectors (int16)
         check_pattern_max(pattern.nbytes, capabilities(context).max_alignment)
-    check_contiguous(dst._view, "fill destination")
-    nbytes = dst._view.nbytes
+    if not dst._contiguous:
+        check_contiguous(view, "fill destination")
+    nbytes = view.nbytes
     if not nbytes:
         return _marker(queue, wait)
     check_fill_target(alloc.ptr + dst._offset, nbytes, pattern.nbytes)
-    dst._check_command(alloc, True, "fill()")
     event = calls.enqueue_fill(queue, dst, pattern, wait)
-    alloc.events.record(event, queue)
+    record_event(alloc, event, queue)
     return event
 
 
 # -- copy -------------------------------------------------------------------------------
 
 
-def _copy_side(obj: Any, name: str, context: cl.Context, writes: bool) -> tuple[Any, int, int]:
-    """``(pointer object, address, nbytes)`` of one side of a copy, checked."""
-    if isinstance(obj, SVMArray):
-        alloc = obj._live()
-        check_same_context(alloc, context, name)
-        check_contiguous(obj._view, name)
-        obj._check_command(alloc, writes, f"copy() {name}")
-        return obj, alloc.ptr + obj._offset, obj._view.nbytes
+def _host_side(obj: Any, name: str, writes: bool) -> tuple[Any, int, int]:
+    """``(pointer object, address, nbytes)`` of a NumPy side of a copy, checked."""
     if isinstance(obj, np.ndarray):
         check_contiguous(obj, name)
         if writes and not obj.flags.writeable:
@@ -148,10 +142,28 @@ def copy(
     """
     context = _context_of(dst, src, queue)
     queue = check_queue(queue, context)
-    wait = wait_list(context, wait_for)
-    dst_ptr_obj, dst_ptr, nbytes = _copy_side(dst, "dst", context, True)
-    src_ptr_obj, src_ptr, src_nbytes = _copy_side(src, "src", context, False)
-    check_same_nbytes(nbytes, src_nbytes)
+    wait = wait_list(context, wait_for) if wait_for is not None else None
+    # (each side: the array's rules in one call, contiguity from the array's own flag)
+    dst_alloc: Allocation | None = None
+    src_alloc: Allocation | None = None
+    if isinstance(dst, SVMArray):
+        dst_alloc = dst._use(context, True, "dst", "copy() dst")
+        if not dst._contiguous:
+            check_contiguous(dst._view, "dst")
+        dst_ptr_obj: Any = dst
+        dst_ptr, nbytes = dst_alloc.ptr + dst._offset, dst._view.nbytes
+    else:
+        dst_ptr_obj, dst_ptr, nbytes = _host_side(dst, "dst", True)
+    if isinstance(src, SVMArray):
+        src_alloc = src._use(context, False, "src", "copy() src")
+        if not src._contiguous:
+            check_contiguous(src._view, "src")
+        src_ptr_obj: Any = src
+        src_ptr, src_nbytes = src_alloc.ptr + src._offset, src._view.nbytes
+    else:
+        src_ptr_obj, src_ptr, src_nbytes = _host_side(src, "src", False)
+    if nbytes != src_nbytes:
+        check_same_nbytes(nbytes, src_nbytes)
     if not nbytes:
         event = _marker(queue, wait)
         if blocking:
@@ -165,12 +177,12 @@ def copy(
     else:
         event = calls.enqueue_copy(queue, dst_ptr_obj, src_ptr_obj, wait)
     host_sides: tuple[Any, ...] = ()
-    if isinstance(dst, SVMArray):
-        dst._alloc.events.record(event, queue)
+    if dst_alloc is not None:
+        record_event(dst_alloc, event, queue)
     else:
         host_sides += (dst_ptr_obj,)
-    if isinstance(src, SVMArray):
-        src._alloc.events.record(event, queue)
+    if src_alloc is not None:
+        record_event(src_alloc, event, queue)
     else:
         host_sides += (src_ptr_obj,)
     if not blocking and host_sides:
@@ -245,7 +257,7 @@ def migrate(
         raise InvalidValueError(f"migrate() takes SVMArrays, got {type(first).__name__}")
     context = first._alloc.context
     queue = check_queue(queue, context)
-    wait = wait_list(context, wait_for)
+    wait = wait_list(context, wait_for) if wait_for is not None else None
     if not _can_migrate(queue):
         raise UnsupportedError(
             f"{queue.device.name} does not support clEnqueueSVMMigrateMem (needs OpenCL 2.1)",
@@ -256,8 +268,7 @@ def migrate(
     for a in items:
         if not isinstance(a, SVMArray):
             raise InvalidValueError(f"migrate() takes SVMArrays, got {type(a).__name__}")
-        alloc = a._live()
-        check_same_context(alloc, context, "an array to migrate")
+        alloc = a._use(context, False, "an array to migrate", "migrate()")
         if alloc.policy.granularity is Granularity.SYSTEM:
             raise InvalidValueError(
                 "migrate() of SYSTEM memory: clEnqueueSVMMigrateMem needs ranges inside "
@@ -265,8 +276,7 @@ def migrate(
             )
         if not a._view.nbytes:
             continue  # size 0 would migrate the whole allocation
-        a._check_command(alloc, False, "migrate()")
-        if is_contiguous(a._view):
+        if a._contiguous:
             pointers.append(a)
         else:
             lo, hi = a._span()
@@ -276,7 +286,7 @@ def migrate(
         return _marker(queue, wait)
     event = calls.enqueue_migrate(queue, pointers, flags, wait)
     for alloc in allocs:
-        alloc.events.record(event, queue)
+        record_event(alloc, event, queue)
     return event
 
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from svmkit.policy import Policy
     from svmkit.resources.exports import ExportRecord
 
-__all__ = ["Allocation", "MemoryResource", "host_bytes"]
+__all__ = ["Allocation", "MemoryResource", "host_bytes", "record_event"]
 
 _events_lock = threading.Lock()
 
@@ -144,6 +144,16 @@ class Allocation(Record):
     def __repr__(self) -> str:
         state = "freed" if self.freed else "live"
         return f"<Allocation {self.nbytes} B at {self.ptr:#x} {self.policy} {state}>"
+
+
+def record_event(alloc: Allocation, event: cl.Event, queue: cl.CommandQueue | None) -> None:
+    """Record that ``event`` (enqueued on ``queue``) uses ``alloc``'s memory: what
+    ``alloc.events.record(event, queue)`` does, without building the property call on the
+    operations' hot path."""
+    record = alloc._events
+    if record is None:
+        record = alloc.events
+    record.record(event, queue)
 
 
 class MemoryResource:

@@ -11,7 +11,7 @@ import pyopencl as cl
 
 from svmkit.capabilities import capabilities, check_context_layout
 from svmkit.driver import calls, fork
-from svmkit.driver.per_context import PerContext
+from svmkit.driver.per_context import PerContext, canonical_context
 from svmkit.errors import OutOfMemoryError
 from svmkit.events import release_after
 from svmkit.policy import Granularity, Policy, check_alignment, check_size
@@ -62,7 +62,7 @@ class SVMResource(MemoryResource):
 
             raise InvalidValueError(f"policy must be a svmkit.Policy, got {policy!r}")
         policy.check(ctx)
-        self.context = ctx
+        self.context = canonical_context(ctx)  # (identity checks on the hot paths)
         self.policy = policy
         self.capabilities = capabilities(ctx)
         self._flags = policy.flags
