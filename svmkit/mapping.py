@@ -26,17 +26,18 @@ from svmkit.driver import calls
 from svmkit.errors import InvalidValueError
 from svmkit.events import check_wait_for, wait_pending
 from svmkit.events.mapstate import DriverMap, MapState, OpenMap
-from svmkit.resources.base import Allocation
+from svmkit.policy import Granularity
+from svmkit.resources.base import Allocation, record_event
 from svmkit.rules import (
     MAP_FLAGS,
     check_map_mode,
     check_queue,
     check_wait_status,
-    is_contiguous,
 )
 
 __all__ = ["Mapping", "mapped"]
 
+_COARSE = Granularity.COARSE
 _READ = MAP_FLAGS["r"]
 _READ_WRITE = MAP_FLAGS["rw"]
 _state_lock = threading.Lock()
@@ -97,7 +98,9 @@ def mapped(
     flags = check_map_mode(mode)
     alloc = a._live()
     queue = check_queue(queue, alloc.context)
-    return Mapping(queue, a, flags, check_wait_for(alloc.context, wait_for))
+    return Mapping(
+        queue, a, flags, check_wait_for(alloc.context, wait_for) if wait_for is not None else []
+    )
 
 
 class Mapping:
@@ -122,14 +125,17 @@ class Mapping:
             )
         a = self._array
         alloc = a._live()
-        check_wait_status(self._wait, "mapped()")
+        if self._wait:
+            check_wait_status(self._wait, "mapped()")
+        needs_map = alloc.policy.granularity is _COARSE
         # FINE/SYSTEM: an export (it keeps the memory alive); COARSE: valid in the block only
-        view = a._view if alloc.policy.needs_map else a.host
+        view = a._view if needs_map else a.host
         if self._flags == _READ:
             view = view.view()
             view.flags.writeable = False
-        if not alloc.policy.needs_map or not view.size:
-            wait_pending(alloc.events.pending() + self._wait)
+        if not needs_map or not view.size:
+            record = alloc._events
+            wait_pending((record.pending() if record is not None else []) + self._wait)
             self._open = True
             return view
         lo, hi = a._span()
@@ -143,13 +149,14 @@ class Mapping:
 
     def _map(self, state: MapState, alloc: Allocation, lo: int, hi: int, writes: bool) -> None:
         """Make the driver map cover ``[lo, hi)`` (with write access if ``writes``)."""
-        wait = alloc.events.pending() + self._wait
+        record = alloc._events
+        wait = self._wait if record is None else record.pending_for(self._queue) + self._wait
         current = state.driver
         if current is None:
             # The array itself is an SVM pointer object over exactly [lo, hi) when it is
             # contiguous: no new pointer object on the common path.
             a = self._array
-            own = a if is_contiguous(a._view) else None
+            own = a if a._contiguous else None
             self._driver_map(state, alloc, lo, hi, writes, self._flags, wait, own)
         elif current.start <= lo and hi <= current.stop and (current.writes or not writes):
             wait_pending(wait)  # already mapped: only order after pending work
@@ -202,8 +209,8 @@ class Mapping:
             state.set_driver(None)
             release, state.deferred_free = state.deferred_free, None
             try:
-                event = _unmap(current)
-                alloc.events.record(event, current.queue)
+                event = calls.enqueue_unmap(current.queue, current.svm)
+                record_event(alloc, event, current.queue)
                 event.wait()
             finally:
                 if release is not None:  # the array was freed inside the block

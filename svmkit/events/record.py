@@ -85,6 +85,23 @@ class EventRecord:
             self._events = live
         return live + latest
 
+    def pending_for(self, queue: cl.CommandQueue) -> list[cl.Event]:
+        """What a command enqueued on ``queue`` must wait for: :meth:`pending`, less the
+        latest event of ``queue`` itself when it executes in order (the queue already
+        runs the command after it, so its status is not even queried)."""
+        if self._events or len(self._latest) != 1 or queue not in self._latest:
+            skip = queue if in_order(queue) else None
+            latest = [
+                e for q, e in list(self._latest.items()) if q is not skip and not is_complete(e)
+            ]
+            if not self._events:
+                return latest
+            with self._lock:
+                live = [e for e in self._events if not is_complete(e)]
+                self._events = live
+            return live + latest
+        return []  # (only this in-order queue's own latest event: the common case)
+
     def take(self) -> list[cl.Event]:
         """Every pending event, leaving the record empty (used when freeing)."""
         with self._lock:
