@@ -67,7 +67,16 @@ class Policy:
     atomics: bool = False
     access: Access = Access.READ_WRITE
 
+    def __hash__(self) -> int:  # (a policy keys the default resources: hashed once)
+        cached: int = self.__dict__["_hash"]
+        return cached
+
+    def __reduce__(self) -> tuple[type[Policy], tuple[Granularity, bool, Access]]:
+        # (the cached hash is not pickled: string hashes differ between processes)
+        return (Policy, (self.granularity, self.atomics, self.access))
+
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.granularity, self.atomics, self.access)))
         if not isinstance(self.granularity, Granularity):
             raise InvalidValueError(f"granularity must be a Granularity, got {self.granularity!r}")
         if not isinstance(self.access, Access):

@@ -206,9 +206,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
             return self._offset, self._offset + self._view.nbytes
         return self.byte_range()
 
-    def _use(
-        self, context: cl.Context, writes: bool | None, name: str, what: str
-    ) -> Allocation:
+    def _use(self, context: cl.Context, writes: bool | None, name: str, what: str) -> Allocation:
         """The allocation, checked for a command of ``context`` on this array's bytes.
 
         The operations' hot path runs the rules in one call: live (:meth:`_live`), of the

@@ -30,8 +30,16 @@ _wrap = SVMArray._wrap
 
 
 def best_policy(ctx: cl.Context) -> Policy:
-    """``Policy.best(ctx)``, computed once per context."""
-    return _best.get(ctx)
+    """``Policy.best(ctx)``, computed once per context (and kept on the context object)."""
+    try:
+        return ctx._svmkit_best_policy  # type: ignore[no-any-return]
+    except AttributeError:
+        policy = _best.get(ctx)
+        try:
+            ctx._svmkit_best_policy = policy
+        except AttributeError:
+            pass
+        return policy
 
 
 def resolve_resource(
@@ -118,8 +126,19 @@ def empty(
     resource:
         Memory resource to allocate from; default: :func:`svmkit.current_resource`.
     """
-    shape_t = (shape,) if type(shape) is int and shape >= 0 else _shape_tuple(shape)
-    return _new(resolve_resource(ctx, policy, resource), shape_t, np.dtype(dtype), alignment)
+    if type(shape) is int and shape >= 0:  # (the usual call: no conversion to make)
+        shape_t: tuple[int, ...] = (shape,)
+        dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+        nbytes = shape * dt.itemsize
+    else:
+        shape_t = _shape_tuple(shape)
+        dt = np.dtype(dtype)
+        nbytes = nbytes_of(shape_t, dt)
+    if resource is None and policy is None:
+        resource = current_resource(ctx, best_policy(ctx))
+    else:
+        resource = resolve_resource(ctx, policy, resource)
+    return _new(resource, shape_t, dt, alignment, nbytes)
 
 
 def fill_with(a: SVMArray, value: Any) -> None:

@@ -85,6 +85,9 @@ class Pool(MemoryResource):
         self.policy = self.pool.policy
         self.capabilities = self.pool.capabilities
         self._specs: dict[tuple[Any, Any], _Spec] = {}
+        # The stack's own entry point (the pool's C fast path, when no adaptor sits on
+        # top): `sk.empty(..., resource=pool)` then costs what `pool.empty` does.
+        self.allocate = self.resource.allocate  # type: ignore[method-assign]
 
     # -- the memory resource -----------------------------------------------------------------
     def allocate(self, nbytes: int, alignment: int = 0) -> Allocation:

@@ -41,19 +41,35 @@ def current_resource(ctx: cl.Context, policy: Policy) -> MemoryResource:
     """The resource that serves ``ctx`` and ``policy`` here: the innermost selected by
     :func:`use_resource`, else the process-wide default (:func:`set_current_resource`,
     else a shared :class:`PoolResource` per context and policy)."""
-    for selected in reversed(_selected.get()):
-        if selected.serves(ctx, policy):
-            return selected
-    per_context = _defaults.get(ctx)
-    cached = per_context.get(policy) if per_context is not None else None
+    selected = _selected.get()
+    if selected:
+        for resource in reversed(selected):
+            if resource.serves(ctx, policy):
+                return resource
+    cached: MemoryResource | None
+    try:  # the context's own dict (the same object as _defaults[ctx]): no weak-key lookup
+        cached = ctx._svmkit_defaults.get(policy)
+    except AttributeError:
+        per_context = _defaults.get(ctx)
+        cached = per_context.get(policy) if per_context is not None else None
     if cached is not None:
         return cached
     with _defaults_lock:
-        per_context = _defaults.setdefault(ctx, {})
-        resource = per_context.get(policy)
-        if resource is None:
-            resource = per_context[policy] = _default_pool(ctx, policy)
-    return resource
+        per_context = _defaults_of(ctx)
+        cached = per_context.get(policy)
+        if cached is None:
+            cached = per_context[policy] = _default_pool(ctx, policy)
+    return cached
+
+
+def _defaults_of(ctx: cl.Context) -> dict[Policy, MemoryResource]:
+    """The defaults of ``ctx`` (hold ``_defaults_lock``), also kept on the context object."""
+    per_context = _defaults.setdefault(ctx, {})
+    try:
+        ctx._svmkit_defaults = per_context
+    except AttributeError:
+        pass
+    return per_context
 
 
 def _default_pool(ctx: cl.Context, policy: Policy) -> MemoryResource:
@@ -74,7 +90,7 @@ def set_current_resource(resource: MemoryResource) -> MemoryResource | None:
     if not isinstance(resource, MemoryResource):
         raise InvalidValueError(f"set_current_resource needs a memory resource, got {resource!r}")
     with _defaults_lock:
-        per_context = _defaults.setdefault(resource.context, {})
+        per_context = _defaults_of(resource.context)
         previous = per_context.get(resource.policy)
         per_context[resource.policy] = resource
     return previous
@@ -98,7 +114,9 @@ def use_resource(resource: MemoryResource) -> Iterator[MemoryResource]:
 
 def _forget_parent_defaults() -> None:
     """In a forked child: the defaults serve the parent's contexts; start with none."""
-    fork.keep(dict(_defaults.items()))
+    fork.keep({ctx: dict(per_context) for ctx, per_context in _defaults.items()})
+    for per_context in _defaults.values():
+        per_context.clear()  # (also the dicts the context objects hold)
     _defaults.clear()
 
 
