@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
 import pyopencl as cl
 import pytest
+from _helpers import run_python
 
 import svmkit as sk
 from svmkit.driver import entrypoints
@@ -44,6 +46,22 @@ def test_policy_is_hashable_and_frozen():
     assert len({sk.Policy.fine(), sk.Policy.fine(), sk.Policy.coarse()}) == 2
     with pytest.raises(AttributeError):
         sk.Policy.fine().atomics = True  # type: ignore[misc]
+
+
+def test_a_pickled_policy_keys_the_same_entry_in_another_process():
+    # The hash is cached per object; a pickle must not carry it to a process whose string
+    # hashes differ (a Dask worker looking up its default resource by policy).
+    policy = sk.Policy(sk.Granularity.FINE, atomics=True)
+    code = (
+        "import pickle, sys, svmkit as sk\n"
+        "got = pickle.loads(bytes.fromhex(sys.argv[1]))\n"
+        "table = {sk.Policy(sk.Granularity.FINE, atomics=True): 'found'}\n"
+        "print(table.get(got, 'missing'), hash(got) == hash(sk.Policy.fine(atomics=True)))\n"
+    )
+    for seed in ("1", "2"):
+        proc = run_python(code, args=[pickle.dumps(policy).hex()], env={"PYTHONHASHSEED": seed})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.split() == ["found", "True"]
 
 
 def test_atomics_with_coarse_is_invalid():
