@@ -45,23 +45,52 @@ def progress(msg: str) -> None:
     _common.progress("pools", msg)
 
 
-def median_us(fn: Callable[[int], None], iters: int, batches: int, budget_s: float = 3.0) -> float:
-    """Median over ``batches`` of the µs per iteration of ``fn(iters)``.
+def interleaved_us(
+    runs: dict[str, Callable[[int], None]], iters: int, batches: int, budget_s: float = 3.0
+) -> dict[str, float]:
+    """Median over ``batches`` of the µs per iteration of each ``runs[name](iters)``, the
+    implementations' batches taken in turn.
 
-    ``iters`` shrinks so one measurement takes about ``budget_s`` (a raw driver allocation
-    can cost a millisecond, where a pooled one costs a microsecond).
+    On a host whose speed drifts (a shared GPU host: runs there spread by 40 %), a batch of
+    each implementation lands in every stretch of the run, so the drift does not decide a
+    ratio between them.  Each implementation gets its own batch size (a raw driver
+    allocation can cost a millisecond, a pooled one a microsecond).
     """
-    t0 = time.perf_counter_ns()
-    fn(10)  # warm up (fills pools, builds caches) and calibrate
-    per_iter_s = (time.perf_counter_ns() - t0) / 10 / 1e9
-    iters = max(1, min(iters, int(budget_s / batches / max(per_iter_s, 1e-9))))
-    fn(max(1, iters // 4))
-    times = []
-    for _ in range(batches):
+    sizes = {}
+    for name, fn in runs.items():
         t0 = time.perf_counter_ns()
-        fn(iters)
-        times.append((time.perf_counter_ns() - t0) / iters / 1e3)
-    return statistics.median(times)
+        fn(10)  # warm up (fills pools, builds caches) and calibrate
+        per_iter_s = (time.perf_counter_ns() - t0) / 10 / 1e9
+        sizes[name] = max(1, min(iters, int(budget_s / batches / max(per_iter_s, 1e-9))))
+        fn(max(1, sizes[name] // 4))
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(batches):
+        for name, fn in runs.items():
+            t0 = time.perf_counter_ns()
+            fn(sizes[name])
+            times[name].append((time.perf_counter_ns() - t0) / sizes[name] / 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def interleaved_workload_us(
+    impls: dict[str, tuple[Callable[[int], Any], Callable[[Any], None]]],
+    ops: list[int],
+    batches: int,
+) -> dict[str, float]:
+    """Median µs per allocation of replaying ``ops`` with each implementation, replays
+    taken in turn (the slow raw driver path replays 3 times)."""
+    allocs = sum(1 for op in ops if op > 0)
+    times: dict[str, list[float]] = {name: [] for name in impls}
+    for make, free in impls.values():
+        replay(make, free, ops)  # warm up
+    for batch in range(batches):
+        for name, (make, free) in impls.items():
+            if name == RAW and batch >= 3:
+                continue
+            t0 = time.perf_counter_ns()
+            replay(make, free, ops)
+            times[name].append((time.perf_counter_ns() - t0) / allocs / 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def fixed_size(alloc_free: Callable[[], None]) -> Callable[[int], None]:
@@ -97,19 +126,6 @@ def replay(make: Callable[[int], Any], free: Callable[[Any], None], ops: list[in
             live[i], live[-1] = live[-1], live[i]
             free(live.pop())
     return sum(1 for op in ops if op > 0)
-
-
-def workload_us(
-    make: Callable[[int], Any], free: Callable[[Any], None], ops: list[int], batches: int
-) -> float:
-    allocs = sum(1 for op in ops if op > 0)
-    replay(make, free, ops)  # warm up
-    times = []
-    for _ in range(batches):
-        t0 = time.perf_counter_ns()
-        replay(make, free, ops)
-        times.append((time.perf_counter_ns() - t0) / allocs / 1e3)
-    return statistics.median(times)
 
 
 def gpu_rows() -> dict[str, tuple[Callable[[int], Any], Callable[[Any], None]]]:
@@ -170,21 +186,21 @@ def measure(ctx: cl.Context, quick: bool) -> tuple[dict[str, dict[str, float]], 
     gc.disable()  # collections would land in random batches
     try:
         for label, n in SIZES.items():
+            progress(f"{label:>7}: {len(impls)} implementations, batches interleaved")
+            runs = {}
             for name, (make, free) in impls.items():
-                iters = int((20_000 if n <= 1 << 20 else 200) * scale) or 1
-                if name == "raw cl.svm_empty" and n >= 1 << 20:
-                    iters = max(1, iters // 10)
-                progress(f"{label:>7}: {name}")
 
                 def once(make: Any = make, free: Any = free, n: int = n) -> None:
                     free(make(n))
 
-                results[name][label] = median_us(fixed_size(once), iters, batches)
+                runs[name] = fixed_size(once)
+            iters = int((20_000 if n <= 1 << 20 else 200) * scale) or 1
+            for name, us in interleaved_us(runs, iters, batches).items():
+                results[name][label] = us
         ops = random_workload(7, int(4000 * scale))
-        for name, (make, free) in impls.items():
-            progress(f" random: {name}")
-            iters = 3 if name == "raw cl.svm_empty" else batches
-            results[name]["random"] = workload_us(make, free, ops, iters)
+        progress(f" random: {len(impls)} implementations, batches interleaved")
+        for name, us in interleaved_workload_us(impls, ops, batches).items():
+            results[name]["random"] = us
         first = first_write(ctx, queue, pool, flags, 3 if quick else 10)
     finally:
         gc.enable()
