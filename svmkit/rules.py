@@ -72,6 +72,8 @@ def check_queue(queue: Any, context: cl.Context) -> cl.CommandQueue:
     """
     if queue is None:
         return default_queue(context)
+    if type(queue) is cl.CommandQueue and getattr(queue, "_svmkit_context", None) is context:
+        return queue  # (a queue of this very context, seen before: the hot path)
     if not isinstance(queue, cl.CommandQueue):
         raise InvalidValueError(
             f"queue must be a pyopencl.CommandQueue, got {type(queue).__name__}",
