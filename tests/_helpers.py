@@ -11,7 +11,11 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-__all__ = ["NOISE", "assert_quiet_exit", "run_python", "run_threads"]
+__all__ = ["CHILD_CWD", "NOISE", "assert_quiet_exit", "run_python", "run_threads"]
+
+#: Where child interpreters start: not the repository root, whose ``svmkit/`` source tree
+#: (without its built C extension) would shadow the installed package on ``sys.path``.
+CHILD_CWD = os.path.dirname(os.path.abspath(__file__))
 
 #: What must never appear on a child interpreter's stderr.
 NOISE = ("Traceback", "Exception ignored", "Fatal Python error", "Segmentation")
@@ -62,8 +66,8 @@ def run_python(
     timeout: float = 120.0,
     cwd: str | os.PathLike[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -c code`` (or ``python *args``) in a fresh interpreter; never raises on
-    its exit status.
+    """Run ``python -c code`` (or ``python *args``) in a fresh interpreter (in ``cwd``,
+    default :data:`CHILD_CWD`); never raises on its exit status.
 
     The child inherits this environment, with ``env`` applied on top (``None`` removes a
     variable), ``POCL_DEVICES`` as the suite sets it and the fault handler on.
@@ -77,7 +81,13 @@ def run_python(
             child[name] = value
     argv = [sys.executable, *(["-c", code] if code is not None else []), *args]
     return subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, env=child, cwd=cwd, check=False
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child,
+        cwd=cwd or CHILD_CWD,
+        check=False,
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 import pytest
-from _helpers import assert_quiet_exit, run_python
+from _helpers import CHILD_CWD, assert_quiet_exit, run_python
 
 import svmkit as sk
 import svmkit.cli.info as info_module
@@ -87,6 +87,7 @@ def test_a_device_that_errors_is_reported_not_fatal(capsys, monkeypatch):
 def test_console_script_runs_as_a_program():
     result = subprocess.run(
         [sys.executable, "-m", "svmkit.cli", "info"],
+        cwd=CHILD_CWD,
         capture_output=True,
         text=True,
         timeout=120,
@@ -174,7 +175,7 @@ def test_ctrl_c_in_a_running_demo_is_one_line_and_exit_130(ctx):
     argv += ["--producers", "1", "--batch", "1", "--rounds", "8"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", POCL_DEVICES="pthread pthread")
     with subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=CHILD_CWD
     ) as proc:
         assert proc.stderr is not None
         before: list[

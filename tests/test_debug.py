@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from _helpers import CHILD_CWD
 
 import svmkit as sk
 from svmkit import events
@@ -127,7 +128,11 @@ def test_environment_switch_in_a_fresh_interpreter():
     import os
 
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        cwd=CHILD_CWD,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [

@@ -8,6 +8,7 @@ import ctypes
 
 import numpy as np
 import pytest
+from _helpers import CHILD_CWD
 
 import svmkit as sk
 
@@ -157,7 +158,9 @@ def test_negative_strides_are_refused_not_handed_to_a_consumer_that_aborts(tmp_p
         "        print('refused', 'negative strides' in str(exc))\n"
         "print(np.from_dlpack(r, copy=True).tolist())\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=CHILD_CWD
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split("\n")[:3] == [
         "refused True",

@@ -14,6 +14,7 @@ import threading
 import numpy as np
 import pyopencl as cl
 import pytest
+from _helpers import CHILD_CWD
 
 import svmkit as sk
 from svmkit import events
@@ -29,6 +30,7 @@ def run_script(code: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         env=env,
+        cwd=CHILD_CWD,
         timeout=120,
     )
 

@@ -8,6 +8,7 @@ import pickle
 
 import numpy as np
 import pytest
+from _helpers import CHILD_CWD
 
 import svmkit as sk
 
@@ -186,6 +187,8 @@ def test_unpickling_in_a_fresh_process_uses_its_default_context(ctx, pool, tmp_p
         f"a = pickle.loads(open({str(path)!r}, 'rb').read())\n"
         "print(type(a).__name__, a.policy, a.get().tolist())\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=CHILD_CWD
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["SVMArray", "Policy(FINE)", "[0.0,", "1.0,", "2.0,", "3.0]"]

@@ -187,6 +187,46 @@ def test_record_of_an_adaptor_frees_through_the_adaptor(ctx: cl.Context) -> None
     assert pool.statistics()["current_allocations"] == 0
 
 
+def test_a_collection_inside_the_pool_lock_frees_a_cycle_without_deadlock(
+    ctx: cl.Context,
+) -> None:
+    # The collector may run while the pool's lock is held (any allocation can start it)
+    # and finalise an unfreed allocation of that pool: its free must not wait for the lock.
+    pool = sk.PoolResource(sk.SVMResource(ctx))
+    leaked = pool.allocate(100)
+    cycle: list[object] = [leaked]
+    cycle.append(cycle)
+    del leaked, cycle
+    done = threading.Event()
+
+    def collect_inside_the_lock() -> None:
+        with pool._cache:
+            gc.collect()
+        done.set()
+
+    worker = threading.Thread(target=collect_inside_the_lock, daemon=True)
+    worker.start()
+    worker.join(20)
+    assert done.is_set(), "a finaliser waited for the pool lock its own thread holds"
+    assert drain(10.0)
+    assert pool.statistics()["current_allocations"] == 0 and pool.info()["cached_blocks"] == 1
+
+
+def test_block_cache_refuses_misuse_with_clear_errors(ctx: cl.Context) -> None:
+    from svmkit.resources._cpool import Block, BlockCache
+
+    pool = sk.PoolResource(sk.SVMResource(ctx))
+    with pytest.raises(TypeError, match="subtype of Record"):
+        BlockCache(pool, int, 1 << 20)
+    bare = BlockCache.__new__(BlockCache)
+    for use in (lambda: bare.take(64), lambda: bare.counts, lambda: bare.take_ready()):
+        with pytest.raises(RuntimeError, match="not initialised"):
+            use()
+    with pytest.raises(ValueError, match="initialised block"):
+        pool._cache.hand_out(Block.__new__(Block), 64)
+    assert pool.statistics()["total_allocations"] == 0
+
+
 # -- event-ordered reuse -----------------------------------------------------------------
 def test_block_in_use_by_a_waiting_kernel_is_not_reused(
     ctx: cl.Context, spin: cl.Kernel, policy: sk.Policy

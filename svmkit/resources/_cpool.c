@@ -50,7 +50,7 @@ static PyObject *str_ptr, *str_nbytes, *str_u8, *str_context, *str_policy;
 #define SMALL_CLASSES 16 /* classes 1..16: 64 B .. 1 KiB in steps of 64 B */
 #define MANTISSA_BITS 4  /* 16 classes per power of two above 1 KiB */
 #define FIRST_EXP 11     /* classes 17..32 cover (1 KiB, 2 KiB] */
-#define MAX_REQUEST ((Py_ssize_t)1 << 62)
+#define MAX_REQUEST (PY_SSIZE_T_MAX / 2 + 1) /* 2**62 on 64-bit builds */
 
 static int
 bit_length(unsigned long long x)
@@ -371,6 +371,7 @@ typedef struct {
 } BlockCache;
 
 static PyTypeObject BlockCacheType;
+static PyTypeObject RecordType;
 
 static void
 cache_lock(BlockCache *self)
@@ -393,6 +394,8 @@ cache_unlock(BlockCache *self)
 static int
 cache_push_ready(BlockCache *self, Block *block)
 {
+    if (block->cls < 1 || block->cls >= self->nclasses)
+        return -1; /* (an unpooled block is never listed) */
     Stack *s = &self->ready[block->cls];
     if (s->n == s->cap) {
         Py_ssize_t cap = s->cap ? 2 * s->cap : 8;
@@ -445,21 +448,34 @@ cache_best_fit(BlockCache *self, Py_ssize_t cls, Py_ssize_t start, Py_ssize_t *p
     return NULL;
 }
 
+/* The pool (a new reference), or NULL once it is gone. */
 static PyObject *
 cache_owner(BlockCache *self)
 {
+    if (!self->owner_ref)
+        return NULL;
 #if PY_VERSION_HEX >= 0x030D0000
     PyObject *owner;
     if (PyWeakref_GetRef(self->owner_ref, &owner) <= 0) {
         PyErr_Clear();
         return NULL;
     }
-    Py_DECREF(owner); /* the pool holds this cache; its other references keep it alive */
     return owner;
 #else
     PyObject *owner = PyWeakref_GetObject(self->owner_ref);
-    return owner == Py_None ? NULL : owner;
+    return owner == Py_None ? NULL : Py_NewRef(owner);
 #endif
+}
+
+/* Whether the cache is usable (initialised, not cleared by the collector); else an error. */
+static int
+cache_usable(BlockCache *self)
+{
+    if (!self->ready || !self->counts || !self->owner_ref || !self->lock) {
+        PyErr_SetString(PyExc_RuntimeError, "this BlockCache is not initialised");
+        return 0;
+    }
+    return 1;
 }
 
 /* A new Allocation for n bytes of block (stealing the block reference). */
@@ -494,8 +510,9 @@ BlockCache_init(BlockCache *self, PyObject *args, PyObject *kw)
             return -1;
         }
     }
-    if (!PyType_Check(record_type)) {
-        PyErr_SetString(PyExc_TypeError, "record_type must be a type");
+    if (!PyType_Check(record_type) ||
+        !PyType_IsSubtype((PyTypeObject *)record_type, &RecordType)) {
+        PyErr_SetString(PyExc_TypeError, "record_type must be a subtype of Record");
         return -1;
     }
     Py_ssize_t top = size_class(max_alloc);
@@ -524,9 +541,18 @@ BlockCache_init(BlockCache *self, PyObject *args, PyObject *kw)
 }
 
 /* The common case of an allocation: a ready block of the request's own class. */
+/* The common case of an allocation: a ready block of the request's class or up to
+ * LOOKAHEAD classes larger. */
 static PyObject *
 BlockCache_take(BlockCache *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
+    if (!cache_usable(self))
+        return NULL;
+    PyObject *owner = cache_owner(self); /* held across the hand-out (it may collect) */
+    if (!owner) {
+        PyErr_SetString(PyExc_ReferenceError, "the pool of this cache is gone");
+        return NULL;
+    }
     if (nargs >= 1 && !kwnames && self->generation == generation && PyLong_CheckExact(args[0]) &&
         (nargs == 1 || (nargs == 2 && PyLong_CheckExact(args[1]) &&
                         PyLong_AsLong(args[1]) == 0 && !PyErr_Occurred()))) {
@@ -534,39 +560,36 @@ BlockCache_take(BlockCache *self, PyObject *const *args, Py_ssize_t nargs, PyObj
         Py_ssize_t n = PyLong_AsSsize_t(nbytes);
         if (n > 0 && n <= self->max_alloc) {
             Py_ssize_t cls = size_class(n);
-            PyObject *owner = cache_owner(self);
-            if (owner && cls < self->nclasses) {
+            if (cls < self->nclasses) {
                 Py_ssize_t poll;
                 cache_lock(self);
                 Block *block = cache_best_fit(self, cls, cls, &poll);
                 if (block)
                     counters_taken(self->counts, n);
                 cache_unlock(self);
-                if (block)
-                    return cache_hand_out(self, owner, block, nbytes, n);
+                if (block) {
+                    PyObject *rec = cache_hand_out(self, owner, block, nbytes, n);
+                    Py_DECREF(owner);
+                    return rec;
+                }
             }
-        }
-        else if (n == -1) {
-            PyErr_Clear();
         }
     }
     PyErr_Clear();
-    PyObject *owner = cache_owner(self);
-    if (!owner) {
-        PyErr_SetString(PyExc_ReferenceError, "the pool of this cache is gone");
-        return NULL;
-    }
     /* Every other case: the pool's Python path (validation, best fit, pending, growth). */
     PyObject *stack[8];
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     if (nargs + nkw > 7) {
+        Py_DECREF(owner);
         PyErr_SetString(PyExc_TypeError, "allocate(nbytes, alignment=0): too many arguments");
         return NULL;
     }
     stack[0] = owner;
     for (Py_ssize_t i = 0; i < nargs + nkw; i++)
         stack[i + 1] = args[i];
-    return PyObject_VectorcallMethod(str_allocate, stack, (size_t)(nargs + 1), kwnames);
+    PyObject *result = PyObject_VectorcallMethod(str_allocate, stack, (size_t)(nargs + 1), kwnames);
+    Py_DECREF(owner);
+    return result;
 }
 
 /* Count an allocation of n bytes of block given back, and keep the block if it is pooled
@@ -600,6 +623,8 @@ cache_give(BlockCache *self, Block *block, Py_ssize_t n, int pending)
 static PyObject *
 BlockCache_give(BlockCache *self, PyObject *const *args, Py_ssize_t nargs)
 {
+    if (!cache_usable(self))
+        return NULL;
     if (nargs != 3 || !PyObject_TypeCheck(args[0], &BlockType)) {
         PyErr_SetString(PyExc_TypeError, "give(block, nbytes, pending)");
         return NULL;
@@ -614,6 +639,8 @@ BlockCache_give(BlockCache *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 BlockCache_best_fit(BlockCache *self, PyObject *const *args, Py_ssize_t nargs)
 {
+    if (!cache_usable(self))
+        return NULL;
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "best_fit(cls, start)");
         return NULL;
@@ -636,6 +663,8 @@ BlockCache_best_fit(BlockCache *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 BlockCache_unpend(BlockCache *self, PyObject *arg)
 {
+    if (!cache_usable(self))
+        return NULL;
     if (!PyObject_TypeCheck(arg, &BlockType)) {
         PyErr_SetString(PyExc_TypeError, "unpend takes a Block");
         return NULL;
@@ -653,6 +682,8 @@ BlockCache_unpend(BlockCache *self, PyObject *arg)
 static PyObject *
 BlockCache_push_ready(BlockCache *self, PyObject *arg)
 {
+    if (!cache_usable(self))
+        return NULL;
     if (!PyObject_TypeCheck(arg, &BlockType)) {
         PyErr_SetString(PyExc_TypeError, "push_ready takes a Block");
         return NULL;
@@ -673,6 +704,8 @@ BlockCache_push_ready(BlockCache *self, PyObject *arg)
 static PyObject *
 BlockCache_take_ready(BlockCache *self, PyObject *unused)
 {
+    if (!cache_usable(self))
+        return NULL;
     PyObject *out = PyList_New(self->ready_blocks);
     if (!out)
         return NULL;
@@ -690,25 +723,36 @@ BlockCache_take_ready(BlockCache *self, PyObject *unused)
 static PyObject *
 BlockCache_hand_out(BlockCache *self, PyObject *const *args, Py_ssize_t nargs)
 {
+    if (!cache_usable(self))
+        return NULL;
     if (nargs != 2 || !PyObject_TypeCheck(args[0], &BlockType) || !PyLong_CheckExact(args[1])) {
         PyErr_SetString(PyExc_TypeError, "hand_out(block, nbytes: int)");
         return NULL;
     }
+    Block *block = (Block *)args[0];
     Py_ssize_t n = PyLong_AsSsize_t(args[1]);
     if (n == -1 && PyErr_Occurred())
         return NULL;
+    if (!block->ptr || !block->u8 || !block->memo || n < 1 || n > block->size) {
+        PyErr_SetString(PyExc_ValueError, "hand_out needs an initialised block of >= nbytes");
+        return NULL;
+    }
     PyObject *owner = cache_owner(self);
     if (!owner) {
         PyErr_SetString(PyExc_ReferenceError, "the pool of this cache is gone");
         return NULL;
     }
-    Py_INCREF(args[0]);
-    return cache_hand_out(self, owner, (Block *)args[0], args[1], n);
+    Py_INCREF(block);
+    PyObject *rec = cache_hand_out(self, owner, block, args[1], n);
+    Py_DECREF(owner);
+    return rec;
 }
 
 static PyObject *
 BlockCache_enter(BlockCache *self, PyObject *unused)
 {
+    if (!cache_usable(self))
+        return NULL;
     cache_lock(self);
     Py_INCREF(self);
     return (PyObject *)self;
@@ -717,6 +761,8 @@ BlockCache_enter(BlockCache *self, PyObject *unused)
 static PyObject *
 BlockCache_exit(BlockCache *self, PyObject *args)
 {
+    if (!cache_usable(self))
+        return NULL;
     cache_unlock(self);
     Py_RETURN_FALSE;
 }
@@ -750,6 +796,8 @@ BlockCache_set_max_cached(BlockCache *self, PyObject *value, void *closure)
 static PyObject *
 BlockCache_get_counts(BlockCache *self, void *closure)
 {
+    if (!cache_usable(self))
+        return NULL;
     Py_INCREF(self->counts);
     return (PyObject *)self->counts;
 }
@@ -878,8 +926,6 @@ typedef struct {
     char freed;
 } Record;
 
-static PyTypeObject RecordType;
-
 #define RECORD_FIELDS(X)                                                                       \
     X(resource) X(context) X(policy) X(ptr) X(nbytes) X(block) X(u8) X(events) X(map_state)    \
         X(memo) X(exports) X(cache)
@@ -905,12 +951,30 @@ cache_hand_out(BlockCache *self, PyObject *owner, Block *block, PyObject *nbytes
                       ->tp_alloc((PyTypeObject *)self->record_type, 0);
     if (!rec) {
         /* The block goes back to the ready list; the allocation never happened. */
+        /* The allocation never happened: the block goes back to the ready list, or (an
+         * unpooled block) upstream through the pool. */
         cache_lock(self);
         counters_returned(self->counts, n);
-        int lost = cache_push_ready(self, block) < 0;
+        int listed = cache_push_ready(self, block) == 0;
         cache_unlock(self);
-        if (lost)
+        if (!listed) {
+#if PY_VERSION_HEX >= 0x030C0000
+            PyObject *exc = PyErr_GetRaisedException();
+#else
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+#endif
+            PyObject *r = PyObject_CallMethodOneArg(owner, str_release, (PyObject *)block);
+            if (!r)
+                PyErr_WriteUnraisable(owner);
+            Py_XDECREF(r);
             Py_DECREF(block); /* outside the lock: a last reference runs finalisers */
+#if PY_VERSION_HEX >= 0x030C0000
+            PyErr_SetRaisedException(exc);
+#else
+            PyErr_Restore(type, value, tb);
+#endif
+        }
         return NULL;
     }
     rec->resource = Py_NewRef(owner);
@@ -936,9 +1000,11 @@ Record_free(Record *self, PyObject *unused)
     if (self->freed)
         Py_RETURN_NONE;
     BlockCache *cache = (BlockCache *)self->cache;
-    if (cache && cache->generation == generation && self->exports == Py_None &&
-        self->map_state == Py_None && self->events == Py_None && self->resource &&
-        self->resource == cache_owner(cache) && self->block &&
+    PyObject *owner = cache ? cache_owner(cache) : NULL;
+    Py_XDECREF(owner); /* (compared only: the record's own reference keeps its resource) */
+    if (cache && owner && cache->counts && cache->generation == generation &&
+        self->exports == Py_None && self->map_state == Py_None && self->events == Py_None &&
+        self->resource == owner && self->block &&
         Py_IS_TYPE(self->block, &BlockType) && self->nbytes && PyLong_CheckExact(self->nbytes)) {
         Py_ssize_t n = PyLong_AsSsize_t(self->nbytes);
         if (n > 0) {
@@ -958,8 +1024,8 @@ Record_free(Record *self, PyObject *unused)
 static void
 Record_finalize(PyObject *obj)
 {
-    if (((Record *)obj)->freed)
-        return;
+    if (((Record *)obj)->freed || Py_IS_TYPE(obj, &RecordType))
+        return; /* (a bare Record has no resource to give memory back to) */
 #if PY_VERSION_HEX >= 0x030C0000
     PyObject *exc = PyErr_GetRaisedException();
 #else
@@ -998,10 +1064,8 @@ Record_clear(Record *self)
 static void
 Record_dealloc(Record *self)
 {
-    PyObject_GC_UnTrack(self);
     /* (a Python subclass's instances are finalised by CPython's subtype_dealloc first) */
-    if (Py_IS_TYPE(self, &RecordType) && PyObject_CallFinalizerFromDealloc((PyObject *)self) < 0)
-        return; /* resurrected */
+    PyObject_GC_UnTrack(self);
     if (self->weakreflist)
         PyObject_ClearWeakRefs((PyObject *)self);
     Record_clear(self);

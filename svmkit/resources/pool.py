@@ -18,6 +18,7 @@ import pyopencl as cl
 from svmkit.driver import fork
 from svmkit.errors import InvalidValueError, OutOfMemoryError
 from svmkit.events import shutting_down
+from svmkit.events.release import ensure_release_thread
 from svmkit.policy import check_alignment, check_size
 from svmkit.resources._cpool import Block, BlockCache, class_size, next_generation, size_class
 from svmkit.resources._freelist import FreeList
@@ -87,6 +88,10 @@ class PoolResource(MemoryResource):
         # pool's own lock so a pooled allocation takes one lock, not three) live in C; so
         # does the common case of an allocation: this instance's `allocate` is the cache's
         # `take`, which calls `_allocate_slow` below whenever it does not apply.
+        # A collection may run inside the pool's lock and finalise an unfreed allocation
+        # of this pool in a reference cycle: the release thread must be there to take that
+        # free over (Allocation._finalize), since the lock cannot be taken twice.
+        ensure_release_thread()
         self._cache = BlockCache(self, Allocation, self._max_alloc, max_cached_bytes)
         self._free = FreeList(self._cache)
         self._counts = self._cache.counts
