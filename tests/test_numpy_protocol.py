@@ -7,6 +7,7 @@ import copy
 import pickle
 
 import numpy as np
+import pyopencl as cl
 import pytest
 from _helpers import CHILD_CWD
 
@@ -155,16 +156,21 @@ def test_freed_operands_raise(pool):
             op()
 
 
-def test_default_resource_is_a_pool_per_context_and_policy(ctx):
-    fine_policy = sk.Policy.best(ctx)
-    resource = sk.current_resource(ctx, fine_policy)
+def test_default_resource_is_a_pool_per_context_and_policy(ctx, monkeypatch):
+    # A context of its own: its default is made here (with debug mode off), whatever ran
+    # before in this process.
+    monkeypatch.delenv("SVMKIT_DEBUG", raising=False)
+    own = cl.Context([ctx.devices[0]])
+    best = sk.Policy.best(own)
+    resource = sk.current_resource(own, best)
     assert isinstance(resource, sk.PoolResource)
-    assert sk.current_resource(ctx, fine_policy) is resource
-    a = sk.empty(ctx, 100, np.uint8)
+    assert sk.current_resource(own, best) is resource
+    a = sk.empty(own, 100, np.uint8)
     address = a.ptr
     a.free()
-    b = sk.empty(ctx, 100, np.uint8)
+    b = sk.empty(own, 100, np.uint8)
     assert b.ptr == address  # reused from the default pool
+    assert resource.owns(b.allocation)
 
 
 def test_copy_deepcopy_and_pickle(ctx, pool):
