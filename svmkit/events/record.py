@@ -77,30 +77,29 @@ class EventRecord:
 
     def pending(self) -> list[cl.Event]:
         """The recorded events that have not completed yet (pruning the rest)."""
-        latest = [e for e in list(self._latest.values()) if not is_complete(e)]
+        return self._pending_events(None)
+
+    def pending_for(self, queue: cl.CommandQueue) -> list[cl.Event]:
+        """What a command enqueued on ``queue`` must wait for: :meth:`pending`, less the
+        latest event of ``queue`` itself when it executes in order (the queue already
+        runs the command after it, so its status is not even queried)."""
+        latest = self._latest
+        if not self._events and len(latest) == 1 and queue in latest:
+            return []  # (only this in-order queue's own latest event: the common case)
+        return self._pending_events(queue if in_order(queue) else None)
+
+    def _pending_events(self, skip: cl.CommandQueue | None) -> list[cl.Event]:
+        """The incomplete recorded events, but for the latest of queue ``skip``; prunes the
+        completed ones of the unordered list."""
+        latest = [
+            e for q, e in list(self._latest.items()) if q is not skip and not is_complete(e)
+        ]
         if not self._events:
             return latest
         with self._lock:
             live = [e for e in self._events if not is_complete(e)]
             self._events = live
         return live + latest
-
-    def pending_for(self, queue: cl.CommandQueue) -> list[cl.Event]:
-        """What a command enqueued on ``queue`` must wait for: :meth:`pending`, less the
-        latest event of ``queue`` itself when it executes in order (the queue already
-        runs the command after it, so its status is not even queried)."""
-        if self._events or len(self._latest) != 1 or queue not in self._latest:
-            skip = queue if in_order(queue) else None
-            latest = [
-                e for q, e in list(self._latest.items()) if q is not skip and not is_complete(e)
-            ]
-            if not self._events:
-                return latest
-            with self._lock:
-                live = [e for e in self._events if not is_complete(e)]
-                self._events = live
-            return live + latest
-        return []  # (only this in-order queue's own latest event: the common case)
 
     def take(self) -> list[cl.Event]:
         """Every pending event, leaving the record empty (used when freeing)."""
