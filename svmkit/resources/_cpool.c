@@ -373,6 +373,14 @@ typedef struct {
 static PyTypeObject BlockCacheType;
 static PyTypeObject RecordType;
 
+/* Whether class cls is pooled here (has a ready list). */
+static inline int
+cache_pools(BlockCache *self, Py_ssize_t cls)
+{
+    return cls >= 1 && cls < self->nclasses;
+}
+
+
 static void
 cache_lock(BlockCache *self)
 {
@@ -394,7 +402,7 @@ cache_unlock(BlockCache *self)
 static int
 cache_push_ready(BlockCache *self, Block *block)
 {
-    if (block->cls < 1 || block->cls >= self->nclasses)
+    if (!cache_pools(self, block->cls))
         return -1; /* (an unpooled block is never listed) */
     Stack *s = &self->ready[block->cls];
     if (s->n == s->cap) {
@@ -415,7 +423,7 @@ cache_push_ready(BlockCache *self, Block *block)
 static Block *
 cache_pop_ready(BlockCache *self, Py_ssize_t cls)
 {
-    if (cls < 1 || cls >= self->nclasses)
+    if (!cache_pools(self, cls))
         return NULL;
     Stack *s = &self->ready[cls];
     if (!s->n)
@@ -594,17 +602,15 @@ BlockCache_take(BlockCache *self, PyObject *const *args, Py_ssize_t nargs, PyObj
 
 /* Count an allocation of n bytes of block given back, and keep the block if it is pooled
  * and fits under max_cached_bytes: on the ready list when no command may still use it,
- * else counted as pending (the caller then lists it with its events).  1: kept, 0: the
- * caller releases it upstream. */
+ * else counted as pending (the caller lists it with its events before it releases the
+ * lock).  1: kept, 0: the caller releases it upstream.  The caller holds the lock. */
 static int
-cache_give(BlockCache *self, Block *block, Py_ssize_t n, int pending)
+cache_give_locked(BlockCache *self, Block *block, Py_ssize_t n, int pending)
 {
-    int keep;
-    cache_lock(self);
     counters_returned(self->counts, n);
-    keep = block->cls > 0 && block->cls < self->nclasses &&
-           (self->max_cached < 0 ||
-            self->ready_bytes + self->pending_bytes + block->size <= self->max_cached);
+    int keep = cache_pools(self, block->cls) &&
+               (self->max_cached < 0 ||
+                self->ready_bytes + self->pending_bytes + block->size <= self->max_cached);
     if (keep && pending) {
         self->pending_bytes += block->size;
         self->ready[block->cls].pending += 1;
@@ -616,7 +622,6 @@ cache_give(BlockCache *self, Block *block, Py_ssize_t n, int pending)
             keep = 0;
         }
     }
-    cache_unlock(self);
     return keep;
 }
 
@@ -633,7 +638,7 @@ BlockCache_give(BlockCache *self, PyObject *const *args, Py_ssize_t nargs)
     int pending = PyObject_IsTrue(args[2]);
     if ((n == -1 && PyErr_Occurred()) || pending < 0)
         return NULL;
-    return PyBool_FromLong(cache_give(self, (Block *)args[0], n, pending));
+    return PyBool_FromLong(cache_give_locked(self, (Block *)args[0], n, pending));
 }
 
 static PyObject *
@@ -649,7 +654,7 @@ BlockCache_best_fit(BlockCache *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t start = cls == -1 && PyErr_Occurred() ? -1 : PyLong_AsSsize_t(args[1]);
     if (start == -1 && PyErr_Occurred())
         return NULL;
-    if (cls < 1 || cls >= self->nclasses)
+    if (!cache_pools(self, cls))
         Py_RETURN_NONE;
     Py_ssize_t poll;
     Block *block = cache_best_fit(self, cls, start, &poll);
@@ -660,17 +665,31 @@ BlockCache_best_fit(BlockCache *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-static PyObject *
-BlockCache_unpend(BlockCache *self, PyObject *arg)
+/* arg as a Block of a class pooled here, or NULL with an error naming ``what``. */
+static Block *
+pooled_block(BlockCache *self, PyObject *arg, const char *what)
 {
     if (!cache_usable(self))
         return NULL;
     if (!PyObject_TypeCheck(arg, &BlockType)) {
-        PyErr_SetString(PyExc_TypeError, "unpend takes a Block");
+        PyErr_Format(PyExc_TypeError, "%s takes a Block", what);
         return NULL;
     }
     Block *block = (Block *)arg;
-    if (block->cls < 1 || block->cls >= self->nclasses || !self->ready[block->cls].pending) {
+    if (!cache_pools(self, block->cls)) {
+        PyErr_Format(PyExc_ValueError, "class %zd is not pooled here", block->cls);
+        return NULL;
+    }
+    return block;
+}
+
+static PyObject *
+BlockCache_unpend(BlockCache *self, PyObject *arg)
+{
+    Block *block = pooled_block(self, arg, "unpend");
+    if (!block)
+        return NULL;
+    if (!self->ready[block->cls].pending) {
         PyErr_Format(PyExc_ValueError, "no pending block of class %zd", block->cls);
         return NULL;
     }
@@ -682,17 +701,9 @@ BlockCache_unpend(BlockCache *self, PyObject *arg)
 static PyObject *
 BlockCache_push_ready(BlockCache *self, PyObject *arg)
 {
-    if (!cache_usable(self))
+    Block *block = pooled_block(self, arg, "push_ready");
+    if (!block)
         return NULL;
-    if (!PyObject_TypeCheck(arg, &BlockType)) {
-        PyErr_SetString(PyExc_TypeError, "push_ready takes a Block");
-        return NULL;
-    }
-    Block *block = (Block *)arg;
-    if (block->cls < 1 || block->cls >= self->nclasses) {
-        PyErr_Format(PyExc_ValueError, "class %zd is not pooled here", block->cls);
-        return NULL;
-    }
     Py_INCREF(block);
     if (cache_push_ready(self, block) < 0) {
         Py_DECREF(block);
@@ -861,8 +872,9 @@ static PyMethodDef BlockCache_methods[] = {
      "when there is one, else the pool's _allocate_slow(nbytes, alignment)."},
     {"give", (PyCFunction)(void (*)(void))BlockCache_give, METH_FASTCALL,
      "give(block, nbytes, pending): count nbytes given back and keep the block if it is "
-     "pooled and fits under max_cached_bytes (ready, or counted as pending: the caller lists "
-     "it with its events); False: the caller releases it upstream.  Takes the lock."},
+     "pooled and fits under max_cached_bytes (ready, or counted as pending: list it with its "
+     "events before releasing the lock); False: the caller releases it upstream (hold the "
+     "lock)."},
     {"best_fit", (PyCFunction)(void (*)(void))BlockCache_best_fit, METH_FASTCALL,
      "best_fit(cls, start): scanning classes start .. cls + 4, the most recent ready block "
      "of the first class that has one; or the first class on the way whose pending blocks "
@@ -1012,7 +1024,10 @@ Record_free(Record *self, PyObject *unused)
              * recorded command: the block is ready for reuse at once. */
             self->freed = 1;
             Block *block = (Block *)self->block;
-            if (cache_give(cache, block, n, 0))
+            cache_lock(cache);
+            int kept = cache_give_locked(cache, block, n, 0);
+            cache_unlock(cache);
+            if (kept)
                 Py_RETURN_NONE;
             return PyObject_CallMethodOneArg(self->resource, str_release, (PyObject *)block);
         }

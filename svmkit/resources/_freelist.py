@@ -44,11 +44,6 @@ class FreeList:
         self._pending: dict[int, list[tuple[list[cl.Event], Block]]] = {}
 
     @property
-    def ready_bytes(self) -> int:
-        """Bytes of ready blocks."""
-        return self.cache.ready_bytes
-
-    @property
     def pending_bytes(self) -> int:
         """Bytes of blocks waiting for events."""
         return self.cache.pending_bytes
@@ -62,8 +57,8 @@ class FreeList:
         return self.cache.ready_blocks + sum(map(len, self._pending.values()))
 
     def push_pending(self, block: Block, events: Sequence[cl.Event]) -> None:
-        """List ``block``, which ``BlockCache.give`` counted as pending; it is handed out
-        again only after ``events`` completed."""
+        """List ``block``, which ``BlockCache.give`` just counted as pending (under the same
+        hold of the lock); it is handed out again only after ``events`` completed."""
         self._pending.setdefault(block.cls, []).append((list(events), block))
 
     def pop(self, cls: int) -> Block | None:

@@ -217,12 +217,12 @@ class PoolResource(MemoryResource):
         block: Block = allocation.block
         record = allocation._events
         events = record.take() if record else _NO_EVENTS
-        if self._cache.give(block, allocation.nbytes, bool(events)):
-            if events:  # (its bytes are counted as pending already)
-                with self._cache:
-                    self._free.push_pending(block, events)
-            return
-        self._release_block(block, events)
+        with self._cache:  # (counted and listed in one step: figures never see it half-kept)
+            kept = self._cache.give(block, allocation.nbytes, bool(events))
+            if kept and events:
+                self._free.push_pending(block, events)
+        if not kept:
+            self._release_block(block, events)
 
     def _release_block(self, block: Block, events: list[cl.Event] = _NO_EVENTS) -> None:
         """Give a block the cache does not keep (unpooled, or beyond ``max_cached_bytes``)
