@@ -5,13 +5,22 @@ Importable as ``_helpers`` (``pythonpath = ["tests"]`` in the pytest configurati
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-__all__ = ["CHILD_CWD", "NOISE", "assert_quiet_exit", "run_python", "run_threads"]
+__all__ = [
+    "CHILD_CWD",
+    "NOISE",
+    "assert_quiet_exit",
+    "collects_holding",
+    "run_python",
+    "run_threads",
+]
 
 #: Where child interpreters start: not the repository root, whose ``svmkit/`` source tree
 #: (without its built C extension) would shadow the installed package on ``sys.path``.
@@ -56,6 +65,23 @@ def run_threads(
     assert not hung, f"host threads still running after {timeout} s: {hung}"
     if errors:
         raise errors[0]
+
+
+def collects_holding(lock: Any, timeout: float = 20.0) -> bool:
+    """Whether a garbage collection run on another thread while it holds ``lock`` (as a
+    pool holds its lock inside ``allocate``) finishes within ``timeout`` seconds: a
+    finaliser that waits for that lock never lets it."""
+    done = threading.Event()
+
+    def collect() -> None:
+        with lock:
+            gc.collect()
+            done.set()
+
+    worker = threading.Thread(target=collect, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return done.is_set()
 
 
 def run_python(

@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pyopencl as cl
 import pytest
-from _helpers import CHILD_CWD
+from _helpers import CHILD_CWD, collects_holding
 
 import svmkit as sk
 from svmkit import events
@@ -169,17 +169,9 @@ def test_export_dying_never_takes_the_pool_lock(ctx: cl.Context) -> None:
     cycle.append(cycle)  # an export only a garbage collection frees
     a.free()
     del cycle
-    done = threading.Event()
-
-    def collect_inside_the_lock() -> None:
-        with pool.pool._cache:  # the pool lock, as allocate() holds it
-            gc.collect()
-            done.set()
-
-    worker = threading.Thread(target=collect_inside_the_lock, daemon=True)
-    worker.start()
-    worker.join(20)
-    assert done.is_set(), "releasing an export from a finalizer waited for the pool's lock"
+    assert collects_holding(pool.pool._cache), (
+        "releasing an export from a finalizer waited for the pool's lock"
+    )
     assert events.drain(10.0)
     assert pool.stats()["current_bytes"] == 0
 

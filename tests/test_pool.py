@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 import pytest
-from _helpers import run_threads
+from _helpers import collects_holding, run_threads
 
 import svmkit as sk
 from svmkit.events import drain, is_complete
@@ -197,17 +197,7 @@ def test_a_collection_inside_the_pool_lock_frees_a_cycle_without_deadlock(
     cycle: list[object] = [leaked]
     cycle.append(cycle)
     del leaked, cycle
-    done = threading.Event()
-
-    def collect_inside_the_lock() -> None:
-        with pool._cache:
-            gc.collect()
-        done.set()
-
-    worker = threading.Thread(target=collect_inside_the_lock, daemon=True)
-    worker.start()
-    worker.join(20)
-    assert done.is_set(), "a finaliser waited for the pool lock its own thread holds"
+    assert collects_holding(pool._cache), "a finaliser waited for the lock its thread holds"
     assert drain(10.0)
     assert pool.statistics()["current_allocations"] == 0 and pool.info()["cached_blocks"] == 1
 
