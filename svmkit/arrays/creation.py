@@ -30,16 +30,8 @@ _wrap = SVMArray._wrap
 
 
 def best_policy(ctx: cl.Context) -> Policy:
-    """``Policy.best(ctx)``, computed once per context (and kept on the context object)."""
-    try:
-        return ctx._svmkit_best_policy  # type: ignore[no-any-return]
-    except AttributeError:
-        policy = _best.get(ctx)
-        try:
-            ctx._svmkit_best_policy = policy
-        except AttributeError:
-            pass
-        return policy
+    """``Policy.best(ctx)``, computed once per context."""
+    return _best.get(ctx)
 
 
 def resolve_resource(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 from collections.abc import Callable
@@ -17,27 +18,45 @@ T = TypeVar("T")
 class PerContext(Generic[T]):
     """``factory(ctx)`` made once per context (thread-safe), held weakly by the context.
 
-    ``get`` is one dictionary lookup once the value exists.
+    ``get`` is one attribute read once the value exists: the value is also kept on the
+    ``Context`` object that asked (under a name of this instance's own), so the weak-key
+    lookup (a ``weakref`` made per call) runs once per context object.
     """
 
-    __slots__ = ("_factory", "_lock", "_values")
+    __slots__ = ("_attribute", "_factory", "_lock", "_values")
 
     def __init__(self, factory: Callable[[cl.Context], T]) -> None:
         self._factory = factory
         self._values: weakref.WeakKeyDictionary[cl.Context, T] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        self._attribute = f"_svmkit_per_context_{next(_instances)}"
 
     def get(self, context: cl.Context) -> T:
         """The value for ``context``, made on first use."""
         try:
-            return self._values[context]
-        except KeyError:
+            return getattr(context, self._attribute)  # type: ignore[no-any-return]
+        except AttributeError:
             pass
-        with self._lock:
-            value = self._values.get(context)
-            if value is None:
-                value = self._values[context] = self._factory(context)
+        try:
+            value = self._values[context]
+        except KeyError:
+            with self._lock:
+                value = self._values.get(context)  # type: ignore[assignment]
+                if value is None:
+                    value = self._values[context] = self._factory(context)
+        try:
+            setattr(context, self._attribute, value)
+        except AttributeError:  # (a context object that takes no attributes)
+            pass
         return value
+
+    def values(self) -> list[T]:
+        """Every value made so far (of the contexts still alive)."""
+        with self._lock:
+            return list(self._values.values())
+
+
+_instances = itertools.count()
 
 
 _canonical: weakref.WeakValueDictionary[int, cl.Context] = weakref.WeakValueDictionary()

@@ -91,9 +91,7 @@ class EventRecord:
     def _pending_events(self, skip: cl.CommandQueue | None) -> list[cl.Event]:
         """The incomplete recorded events, but for the latest of queue ``skip``; prunes the
         completed ones of the unordered list."""
-        latest = [
-            e for q, e in list(self._latest.items()) if q is not skip and not is_complete(e)
-        ]
+        latest = [e for q, e in list(self._latest.items()) if q is not skip and not is_complete(e)]
         if not self._events:
             return latest
         with self._lock:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import contextvars
 import threading
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pyopencl as cl
 
 from svmkit.driver import fork
+from svmkit.driver.per_context import PerContext
 from svmkit.errors import InvalidValueError
 from svmkit.policy import Policy
 from svmkit.resources.base import MemoryResource
@@ -31,9 +31,8 @@ __all__ = ["current_resource", "set_current_resource", "use_resource"]
 _selected: contextvars.ContextVar[tuple[MemoryResource, ...]] = contextvars.ContextVar(
     "svmkit_resources", default=()
 )
-_defaults: weakref.WeakKeyDictionary[cl.Context, dict[Policy, MemoryResource]] = (
-    weakref.WeakKeyDictionary()
-)
+_defaults: PerContext[dict[Policy, MemoryResource]] = PerContext(lambda _ctx: {})
+"""Each context's defaults by policy (the dicts change in place under ``_defaults_lock``)."""
 _defaults_lock = threading.Lock()
 
 
@@ -46,30 +45,15 @@ def current_resource(ctx: cl.Context, policy: Policy) -> MemoryResource:
         for resource in reversed(selected):
             if resource.serves(ctx, policy):
                 return resource
-    cached: MemoryResource | None
-    try:  # the context's own dict (the same object as _defaults[ctx]): no weak-key lookup
-        cached = ctx._svmkit_defaults.get(policy)
-    except AttributeError:
-        per_context = _defaults.get(ctx)
-        cached = per_context.get(policy) if per_context is not None else None
+    per_context = _defaults.get(ctx)
+    cached = per_context.get(policy)
     if cached is not None:
         return cached
     with _defaults_lock:
-        per_context = _defaults_of(ctx)
         cached = per_context.get(policy)
         if cached is None:
             cached = per_context[policy] = _default_pool(ctx, policy)
     return cached
-
-
-def _defaults_of(ctx: cl.Context) -> dict[Policy, MemoryResource]:
-    """The defaults of ``ctx`` (hold ``_defaults_lock``), also kept on the context object."""
-    per_context = _defaults.setdefault(ctx, {})
-    try:
-        ctx._svmkit_defaults = per_context
-    except AttributeError:
-        pass
-    return per_context
 
 
 def _default_pool(ctx: cl.Context, policy: Policy) -> MemoryResource:
@@ -90,7 +74,7 @@ def set_current_resource(resource: MemoryResource) -> MemoryResource | None:
     if not isinstance(resource, MemoryResource):
         raise InvalidValueError(f"set_current_resource needs a memory resource, got {resource!r}")
     with _defaults_lock:
-        per_context = _defaults_of(resource.context)
+        per_context = _defaults.get(resource.context)
         previous = per_context.get(resource.policy)
         per_context[resource.policy] = resource
     return previous
@@ -114,10 +98,9 @@ def use_resource(resource: MemoryResource) -> Iterator[MemoryResource]:
 
 def _forget_parent_defaults() -> None:
     """In a forked child: the defaults serve the parent's contexts; start with none."""
-    fork.keep({ctx: dict(per_context) for ctx, per_context in _defaults.items()})
     for per_context in _defaults.values():
-        per_context.clear()  # (also the dicts the context objects hold)
-    _defaults.clear()
+        fork.keep(dict(per_context))
+        per_context.clear()
 
 
 fork.in_child(_forget_parent_defaults)
