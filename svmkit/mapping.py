@@ -26,7 +26,6 @@ from svmkit.driver import calls
 from svmkit.errors import InvalidValueError
 from svmkit.events import check_wait_for, wait_pending
 from svmkit.events.mapstate import DriverMap, MapState, OpenMap
-from svmkit.policy import Granularity
 from svmkit.resources.base import Allocation, record_event
 from svmkit.rules import (
     MAP_FLAGS,
@@ -37,7 +36,6 @@ from svmkit.rules import (
 
 __all__ = ["Mapping", "mapped"]
 
-_COARSE = Granularity.COARSE
 _READ = MAP_FLAGS["r"]
 _READ_WRITE = MAP_FLAGS["rw"]
 _state_lock = threading.Lock()
@@ -127,7 +125,7 @@ class Mapping:
         alloc = a._live()
         if self._wait:
             check_wait_status(self._wait, "mapped()")
-        needs_map = alloc.policy.granularity is _COARSE
+        needs_map = alloc.policy.needs_map
         # FINE/SYSTEM: an export (it keeps the memory alive); COARSE: valid in the block only
         view = a._view if needs_map else a.host
         if self._flags == _READ:

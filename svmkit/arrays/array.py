@@ -225,8 +225,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         if state is not None and state.stop:
             if writes is None:
                 writes = alloc.policy.access is not Access.READ_ONLY
-            lo, hi = self._span()
-            check_command(alloc, lo, hi, writes, what)
+            self._check_command(alloc, writes, what)
         return alloc
 
     def _check_command(self, alloc: Allocation, writes: bool, what: str) -> None:
@@ -678,3 +677,17 @@ def _shape_tuple(shape: Any) -> tuple[int, ...]:
 def nbytes_of(shape: tuple[int, ...], dtype: np.dtype[Any]) -> int:
     """Bytes an array of ``shape`` and ``dtype`` needs."""
     return math.prod(shape) * dtype.itemsize
+
+
+ArraySpec = tuple[tuple[int, ...], np.dtype[Any], int]
+
+
+def array_spec(shape: Any, dtype: Any) -> ArraySpec:
+    """``(shape tuple, dtype, nbytes)`` for a constructor's ``shape`` and ``dtype``,
+    validated (a non-negative int and a NumPy dtype, numeric code's usual call, convert
+    nothing)."""
+    if type(shape) is int and shape >= 0 and isinstance(dtype, np.dtype):
+        return (shape,), dtype, shape * dtype.itemsize
+    shape_t = _shape_tuple(shape)
+    dt = np.dtype(dtype)
+    return shape_t, dt, nbytes_of(shape_t, dt)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from svmkit.arrays.array import SVMArray, _shape_tuple, nbytes_of
+from svmkit.arrays.array import SVMArray, array_spec, nbytes_of
 from svmkit.arrays.importing import host_data, is_cl_array, svm_of_cl_array
 from svmkit.driver import calls
 from svmkit.driver.per_context import PerContext
@@ -118,14 +118,7 @@ def empty(
     resource:
         Memory resource to allocate from; default: :func:`svmkit.current_resource`.
     """
-    if type(shape) is int and shape >= 0:  # (the usual call: no conversion to make)
-        shape_t: tuple[int, ...] = (shape,)
-        dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
-        nbytes = shape * dt.itemsize
-    else:
-        shape_t = _shape_tuple(shape)
-        dt = np.dtype(dtype)
-        nbytes = nbytes_of(shape_t, dt)
+    shape_t, dt, nbytes = array_spec(shape, dtype)
     if resource is None and policy is None:
         resource = current_resource(ctx, best_policy(ctx))
     else:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from svmkit.arrays.array import SVMArray, _shape_tuple, nbytes_of
+from svmkit.arrays.array import ArraySpec, SVMArray, array_spec
 from svmkit.arrays.creation import _new, asarray, fill_with
 from svmkit.policy import Policy
 from svmkit.resources.base import Allocation, MemoryResource
@@ -31,15 +31,7 @@ from svmkit.resources.svm import SVMResource
 
 __all__ = ["Pool"]
 
-_Spec = tuple[tuple[int, ...], np.dtype[Any], int]
 _SPECS_LIMIT = 1024
-
-
-def _spec(shape: Any, dtype: Any) -> _Spec:
-    """``(shape tuple, dtype, nbytes)`` for a constructor's arguments (validated)."""
-    shape_t = (shape,) if type(shape) is int and shape >= 0 else _shape_tuple(shape)
-    dt = np.dtype(dtype)
-    return shape_t, dt, nbytes_of(shape_t, dt)
 
 
 class Pool(MemoryResource):
@@ -84,7 +76,7 @@ class Pool(MemoryResource):
         self.context = self.pool.context
         self.policy = self.pool.policy
         self.capabilities = self.pool.capabilities
-        self._specs: dict[tuple[Any, Any], _Spec] = {}
+        self._specs: dict[tuple[Any, Any], ArraySpec] = {}
         # The stack's own entry point (the pool's C fast path, when no adaptor sits on
         # top): `sk.empty(..., resource=pool)` then costs what `pool.empty` does.
         self.allocate = self.resource.allocate  # type: ignore[method-assign]
@@ -132,11 +124,8 @@ class Pool(MemoryResource):
             spec = self._remember(shape, dtype)
         return _new(self.resource, spec[0], spec[1], alignment, spec[2])
 
-    def _remember(self, shape: Any, dtype: Any) -> _Spec:
-        if type(shape) is int and shape >= 0 and isinstance(dtype, np.dtype):
-            spec: _Spec = ((shape,), dtype, shape * dtype.itemsize)  # (numeric code's usual call)
-        else:
-            spec = _spec(shape, dtype)
+    def _remember(self, shape: Any, dtype: Any) -> ArraySpec:
+        spec = array_spec(shape, dtype)
         specs = self._specs
         if len(specs) >= _SPECS_LIMIT:
             specs.clear()

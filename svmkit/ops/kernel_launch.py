@@ -88,8 +88,8 @@ def launch(
     i = -1
     for arg in args:
         i += 1
-        if type(arg) in _PLAIN_ARGUMENTS:
-            continue  # the common scalars: no attribute probing (slow on NumPy scalars)
+        if type(arg) in _plain_types:
+            continue  # a plain scalar: no attribute probing (slow on NumPy scalars)
         if isinstance(arg, SVMArray):
             alloc = arg._use(context, None, "a kernel argument", "launch()")
             allocs.append(alloc)
@@ -99,7 +99,7 @@ def launch(
             elif alloc.policy.granularity is _SYSTEM:
                 system = True
         elif isinstance(arg, _PLAIN_BASES):
-            continue
+            _plain_types.add(type(arg))  # (next time one set lookup decides)
         elif hasattr(arg, "kernel_arg") and hasattr(arg, "svm_pointers"):
             call_args = call_args or list(args)
             call_args[i] = arg.kernel_arg
@@ -138,10 +138,9 @@ def launch(
 
 _SYSTEM = Granularity.SYSTEM
 _PLAIN_BASES = (np.generic, int, float, bytes, type(None))
-_PLAIN_ARGUMENTS = frozenset(
-    {int, float, bytes, type(None), np.int8, np.uint8, np.int16, np.uint16, np.int32}
-    | {np.uint32, np.int64, np.uint64, np.float16, np.float32, np.float64, np.bool_}
-)  # (exact types: one set lookup; subclasses and other NumPy scalars: _PLAIN_BASES)
+"""Arguments passed to PyOpenCL unchanged without a look at their attributes."""
+_plain_types: set[type] = set()
+"""The exact types seen to be :data:`_PLAIN_BASES` (a cache of that ``isinstance`` test)."""
 
 
 def _listable(alloc: Allocation) -> bool:
