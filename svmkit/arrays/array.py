@@ -28,6 +28,7 @@ from svmkit.resources.base import Allocation
 from svmkit.resources.exports import host_export
 from svmkit.rules import (
     check_command,
+    check_contiguous,
     check_queue,
     check_same_context,
     is_contiguous,
@@ -206,21 +207,32 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
             return self._offset, self._offset + self._view.nbytes
         return self.byte_range()
 
-    def _use(self, context: cl.Context, writes: bool | None, name: str, what: str) -> Allocation:
+    def _use(
+        self,
+        context: cl.Context,
+        writes: bool | None,
+        name: str,
+        what: str,
+        *,
+        contiguous: bool = False,
+    ) -> Allocation:
         """The allocation, checked for a command of ``context`` on this array's bytes.
 
-        The operations' hot path runs the rules in one call: live (:meth:`_live`), of the
-        command's context (:func:`~svmkit.rules.check_same_context`, naming the array
-        ``name``) and clear of conflicting maps (:func:`~svmkit.rules.check_command`,
-        naming the command ``what``; ``writes=None``: a write unless the policy is
-        read-only).  Each rule keeps its own function; the cheap tests here only decide
-        whether it must run.
+        The operations' hot path runs the rules in one call, in this order (the order of
+        the errors): live (:meth:`_live`), of the command's context
+        (:func:`~svmkit.rules.check_same_context`, naming the array ``name``), one run of
+        bytes if ``contiguous`` (:func:`~svmkit.rules.check_contiguous`), clear of
+        conflicting maps (:func:`~svmkit.rules.check_command`, naming the command
+        ``what``; ``writes=None``: a write unless the policy is read-only).  Each rule
+        keeps its own function; the cheap tests here only decide whether it must run.
         """
         alloc = self._alloc
         if alloc.freed or fork.forked:
             alloc = self._live()
         if alloc.context is not context:
             check_same_context(alloc, context, name)
+        if contiguous and not self._contiguous:
+            check_contiguous(self._view, name)
         state = alloc.map_state
         if state is not None and state.stop:
             if writes is None:

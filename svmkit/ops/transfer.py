@@ -79,10 +79,10 @@ def fill(
     """
     if not isinstance(dst, SVMArray):
         raise InvalidValueError(f"fill destination must be an SVMArray, got {type(dst).__name__}")
-    context = dst._alloc.context
+    alloc = dst._live()
+    context = alloc.context
     queue = check_queue(queue, context)
     wait = wait_list(context, wait_for) if wait_for is not None else None
-    alloc = dst._use(context, True, "fill destination", "fill()")
     view = dst._view
     pattern = check_pattern(value, view.dtype)
     if pattern.nbytes > 64:  # every device supports 64-byte vectors (int16)
@@ -93,6 +93,7 @@ def fill(
     if not nbytes:
         return _marker(queue, wait)
     check_fill_target(alloc.ptr + dst._offset, nbytes, pattern.nbytes)
+    dst._check_command(alloc, True, "fill()")
     event = calls.enqueue_fill(queue, dst, pattern, wait)
     record_event(alloc, event, queue)
     return event
@@ -143,21 +144,17 @@ def copy(
     context = _context_of(dst, src, queue)
     queue = check_queue(queue, context)
     wait = wait_list(context, wait_for) if wait_for is not None else None
-    # (each side: the array's rules in one call, contiguity from the array's own flag)
+    # (each SVM side: the array's rules in one call, in the order of its errors)
     dst_alloc: Allocation | None = None
     src_alloc: Allocation | None = None
     if isinstance(dst, SVMArray):
-        dst_alloc = dst._use(context, True, "dst", "copy() dst")
-        if not dst._contiguous:
-            check_contiguous(dst._view, "dst")
+        dst_alloc = dst._use(context, True, "dst", "copy() dst", contiguous=True)
         dst_ptr_obj: Any = dst
         dst_ptr, nbytes = dst_alloc.ptr + dst._offset, dst._view.nbytes
     else:
         dst_ptr_obj, dst_ptr, nbytes = _host_side(dst, "dst", True)
     if isinstance(src, SVMArray):
-        src_alloc = src._use(context, False, "src", "copy() src")
-        if not src._contiguous:
-            check_contiguous(src._view, "src")
+        src_alloc = src._use(context, False, "src", "copy() src", contiguous=True)
         src_ptr_obj: Any = src
         src_ptr, src_nbytes = src_alloc.ptr + src._offset, src._view.nbytes
     else:
