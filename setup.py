@@ -6,8 +6,8 @@
   compiler.
 * ``svmkit.workqueue._cring`` (optional) speeds up the host side of ``sk.WorkQueue``: where no C
   compiler is available the build skips it and svmkit uses its pure-Python ring
-  (``svmkit/workqueue/ring.py``), which has the same behaviour.  The ring's layout constants come
-  from ``svmkit/workqueue/layout.py`` (read here without importing svmkit) as ``-D`` macros.
+  (``src/svmkit/workqueue/ring.py``), which has the same behaviour.  The ring's layout constants come
+  from ``src/svmkit/workqueue/layout.py`` (read here without importing svmkit) as ``-D`` macros.
 """
 
 import os
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from setuptools import Extension, setup
 
-_layout = runpy.run_path(str(Path(__file__).resolve().parent / "svmkit/workqueue/layout.py"))
+_layout = runpy.run_path(str(Path(__file__).resolve().parent / "src/svmkit/workqueue/layout.py"))
 
 _O2 = ["-O2"] if os.name != "nt" else []
 
@@ -24,12 +24,12 @@ setup(
     ext_modules=[
         Extension(
             "svmkit.resources._cpool",
-            sources=["svmkit/resources/_cpool.c"],
+            sources=["src/svmkit/resources/_cpool.c"],
             extra_compile_args=_O2,
         ),
         Extension(
             "svmkit.workqueue._cring",
-            sources=["svmkit/workqueue/_cring.c"],
+            sources=["src/svmkit/workqueue/_cring.c"],
             define_macros=_layout["c_macros"](),
             optional=True,
             extra_compile_args=_O2,

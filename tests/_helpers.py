@@ -22,8 +22,8 @@ __all__ = [
     "run_threads",
 ]
 
-#: Where child interpreters start: not the repository root, whose ``svmkit/`` source tree
-#: (without its built C extension) would shadow the installed package on ``sys.path``.
+#: Where child interpreters start: a fixed directory of the test suite, so that what a child
+#: finds on ``sys.path`` does not depend on where pytest was started.
 CHILD_CWD = os.path.dirname(os.path.abspath(__file__))
 
 #: What must never appear on a child interpreter's stderr.

@@ -22,11 +22,11 @@ log = logging.getLogger("svmkit")
 def kernels_dir() -> Path:
     """Directory of svmkit's OpenCL C headers and kernels (``kernels/`` in the source).
 
-    From an installed package this is ``svmkit/kernels`` inside site-packages; from a
-    source checkout that was not installed, the checkout's top-level ``kernels/``.
+    From an installed package this is ``svmkit/kernels`` inside site-packages; from an
+    editable install of a source checkout, the checkout's top-level ``kernels/``.
     """
     here = Path(__file__).resolve().parent
-    for candidate in (here / "kernels", here.parent / "kernels"):
+    for candidate in (here / "kernels", here.parent.parent / "kernels"):
         if (candidate / "svmkit_atomics.h").is_file():
             return candidate
     raise FileNotFoundError("svmkit's OpenCL C kernels were not found next to the package")
