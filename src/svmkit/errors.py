@@ -24,6 +24,7 @@ __all__ = [
     "SVMError",
     "UnsupportedError",
     "UseAfterFreeError",
+    "WorkQueueTimeout",
     "cl_error_name",
     "error_for_name",
     "translate",
@@ -125,6 +126,20 @@ class QueueClosed(SVMError):
     """``pop`` on a work queue that is closed and drained; ``push`` after ``close()``."""
 
     default_cl_error = None
+
+
+class WorkQueueTimeout(SVMError, TimeoutError):
+    """A blocking work-queue call ran out of time; ``pushed`` leading items went in.
+
+    Both an :class:`SVMError` and a :class:`TimeoutError`, as every timeout of a blocking
+    svmkit call is (``except TimeoutError`` keeps working for code that does not know svmkit).
+    """
+
+    default_cl_error = None
+
+    def __init__(self, message: str, pushed: int = 0, *, cl_error: str | None = None) -> None:
+        super().__init__(message, cl_error=cl_error)
+        self.pushed = pushed
 
 
 # OpenCL error codes that SVM calls can return (cl.h), by value.

@@ -161,14 +161,14 @@ def copy(
         src_ptr_obj, src_ptr, src_nbytes = _host_side(src, "src", False)
     if nbytes != src_nbytes:
         check_same_nbytes(nbytes, src_nbytes)
+    check_no_overlap(dst_ptr, src_ptr, nbytes)  # (never true of zero bytes)
+    if blocking and wait:  # every size: a zero-byte copy blocks on its marker
+        check_wait_status(wait, "a blocking copy")
     if not nbytes:
         event = _marker(queue, wait)
         if blocking:
-            event.wait()
+            calls.wait(event, "a zero-byte copy's marker")
         return event
-    check_no_overlap(dst_ptr, src_ptr, nbytes)
-    if blocking and wait:
-        check_wait_status(wait, "a blocking copy")
     if blocking:
         event = calls.copy_and_wait(queue, dst_ptr_obj, src_ptr_obj, wait)
     else:
