@@ -423,16 +423,61 @@ def test_event_record_keeps_latest_per_in_order_queue(queue):
     assert record.pending() == [] and record.take() == []
 
 
-def test_blocking_copy_after_failed_event(queue):
-    a = sk.zeros(queue.context, 4, np.int32)
-    failed = cl.UserEvent(queue.context)
+def _failed_event(ctx: cl.Context) -> cl.UserEvent:
+    failed = cl.UserEvent(ctx)
     failed.set_status(-1)
+    return failed
+
+
+@pytest.mark.parametrize("n", [4, 0])
+def test_blocking_copy_after_failed_event(queue, n):
+    # Every size: a zero-byte copy (a marker plus a wait) checks its wait list first, too.
+    a = sk.zeros(queue.context, 4, np.int32, policy=sk.Policy.coarse())
+    b = sk.zeros(queue.context, 4, np.int32, policy=sk.Policy.coarse())
+    sides = {
+        "host->svm": (a[:n], np.zeros(n, np.int32)),
+        "svm->host": (np.zeros(n, np.int32), a[:n]),
+        "svm->svm": (b[:n], a[:n]),
+    }
+    for name, (dst, src) in sides.items():
+        failed = _failed_event(queue.context)
+        err = _raises(
+            sk.SVMError,
+            "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
+            lambda: sk.copy(queue, dst, src, wait_for=[failed]),  # noqa: B023 (called at once)
+        )
+        assert "a blocking copy waits for an event that failed" in str(err), name
+        assert err.__cause__ is None, name  # svmkit's rule: the driver never saw the copy
+
+
+@pytest.mark.parametrize("n", [4, 0])
+@pytest.mark.parametrize("command", ["fill", "migrate", "copy"])
+def test_a_failed_wait_event_reaches_the_next_blocking_call_typed(queue, command, n):
+    # Non-blocking commands return their event at every size (the spec reports a failed
+    # wait list through the event); svmkit's next blocking wait on it raises the typed
+    # error, chained from the driver's, for a zero-byte command's marker as for the rest.
+    ctx = queue.context
+    if command == "migrate" and not sk.capabilities(ctx).migrate:
+        pytest.skip(f"{sk.capabilities(ctx).name} has no clEnqueueSVMMigrateMem")
+    a = sk.zeros(ctx, 4, np.int32, policy=sk.Policy.coarse())
+    failed = _failed_event(ctx)
+    enqueue = {
+        "fill": lambda: sk.fill(queue, a[:n], 7, wait_for=[failed]),
+        "migrate": lambda: sk.migrate(queue, [a[:n]], wait_for=[failed]),
+        "copy": lambda: sk.copy(
+            queue, a[:n], np.ones(n, np.int32), blocking=False, wait_for=[failed]
+        ),
+    }
+    event = enqueue[command]()
+    assert isinstance(event, cl.Event)
+    empty = sk.zeros(ctx, 0, np.int32)
     err = _raises(
         sk.SVMError,
         "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
-        lambda: sk.copy(queue, a, np.zeros(4, np.int32), wait_for=[failed]),
+        lambda: sk.copy(queue, empty, np.zeros(0, np.int32), wait_for=[event]),
     )
-    assert "failed" in str(err)
+    assert isinstance(err.__cause__, cl.Error)
+    assert "zero-byte copy" in str(err)
 
 
 @pytest.mark.parametrize("name", ["copy", "migrate", "launch"])
