@@ -266,8 +266,9 @@ def check_migrate_to(to: Any, content_undefined: bool) -> int:
 def check_wait_status(events: list[cl.Event] | None, what: str) -> None:
     """Spec (blocking clEnqueueSVMMemcpy/clEnqueueSVMMap):
     ``CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST`` if an event of the wait list has a
-    negative (error) status.  Checked before enqueueing: PoCL never runs, nor fails, a
-    command behind a failed event, so waiting for it would hang."""
+    negative (error) status.  Checked before enqueueing every command, of every size and
+    blocking or not: PoCL never runs, nor fails, a command behind a failed event, so
+    waiting for it would hang, and so would the release of the memory it uses."""
     for event in events or ():
         status = event_status(event)
         if status < 0:
