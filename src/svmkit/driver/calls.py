@@ -6,6 +6,9 @@ driver).  Each function makes exactly one driver call, through
 * PyOpenCL's extension entry points (``pyopencl._cl._enqueue_svm_*``, ``_Program``), which
   its public wrappers call after dispatching on argument types svmkit has already
   checked: the pin on PyOpenCL's private API touches this file only;
+* PyOpenCL's objects where no dispatch is left to skip: event waits and status queries,
+  user events, ``clFinish``/``clFlush``, the creation of contexts, queues and kernels, and
+  the kernel queries svmkit needs (callers above this layer never touch those directly);
 * the ctypes bindings of :mod:`svmkit.driver.entrypoints` for what PyOpenCL lacks
   (``clSVMAlloc``/``clSVMFree`` under svmkit's control, ``clSetKernelExecInfo``);
 
