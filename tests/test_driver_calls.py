@@ -113,3 +113,115 @@ def test_get_and_set_refuse_a_queue_of_another_context(ctx, policy):
     with pytest.raises(sk.InvalidContextError):
         a.set(np.ones(4, np.int32), queue=other)
     np.testing.assert_array_equal(a.get(), np.zeros(4))
+
+
+# -- events, queues, contexts, kernels ------------------------------------------------------
+
+
+def _typed(cls: type[sk.SVMError], cl_error: str, fn: Callable[[], Any]) -> sk.SVMError:
+    with pytest.raises(cls) as info:
+        fn()
+    assert type(info.value) is cls
+    assert info.value.cl_error == cl_error
+    assert isinstance(info.value.__cause__, cl.Error)  # chained from the driver's error
+    return info.value
+
+
+def test_waits_on_a_failed_event_are_typed(ctx):
+    failed = driver_calls.new_user_event(ctx)
+    assert not driver_calls.event_complete(failed)
+    assert driver_calls.event_status(failed) > 0  # CL_SUBMITTED
+    driver_calls.set_event_status(failed, -1)
+    assert driver_calls.event_status(failed) == -1 and driver_calls.event_complete(failed)
+    name = "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST"
+    err = _typed(sk.SVMError, name, lambda: driver_calls.wait(failed, "the test's command"))
+    assert "waiting for the test's command" in str(err)
+    _typed(sk.SVMError, name, lambda: driver_calls.wait_for_events([failed]))
+
+
+def test_a_user_event_completes_once(ctx):
+    event = driver_calls.new_user_event(ctx)
+    driver_calls.set_event_status(event)
+    assert driver_calls.event_status(event) == 0 and driver_calls.event_complete(event)
+    driver_calls.wait(event)
+    driver_calls.wait_for_events([event, event])
+    # the spec: clSetUserEventStatus on an event whose status was set is CL_INVALID_OPERATION
+    _typed(
+        sk.UnsupportedError, "CL_INVALID_OPERATION", lambda: driver_calls.set_event_status(event)
+    )
+
+
+def test_queues_and_contexts_are_made_or_refused_typed(ctx):
+    queue = driver_calls.new_queue(ctx)
+    assert isinstance(queue, cl.CommandQueue) and queue.device == ctx.devices[0]
+    marker = driver_calls.enqueue_marker(queue)
+    driver_calls.flush(queue)
+    driver_calls.finish(queue)
+    assert driver_calls.event_complete(marker)
+    assert ctx.devices[0] in driver_calls.platform_devices(ctx.devices[0].platform)
+    _typed(
+        sk.InvalidValueError, "CL_INVALID_VALUE", lambda: driver_calls.new_queue(ctx, None, 1 << 20)
+    )
+    _typed(sk.InvalidValueError, "CL_INVALID_VALUE", lambda: driver_calls.new_context([]))
+    own = driver_calls.new_context(list(ctx.devices))
+    assert own.devices == ctx.devices
+
+
+def test_kernels_are_made_or_refused_typed(ctx):
+    source = "__kernel void k(__global int *a, float x) {}"
+    program = driver_calls.new_program(ctx, source, cached=False)
+    _typed(sk.SVMError, "CL_INVALID_PROGRAM_EXECUTABLE", lambda: driver_calls.kernel_names(program))
+    program.build(b"-cl-kernel-arg-info", list(ctx.devices))
+    assert driver_calls.kernel_names(program) == ["k"]
+    err = _typed(
+        sk.SVMError, "CL_INVALID_KERNEL_NAME", lambda: driver_calls.new_kernel(program, "j")
+    )
+    assert "'j'" in str(err)
+    kernel = driver_calls.new_kernel(program, "k")
+    assert isinstance(kernel, cl.Kernel) and kernel is not driver_calls.new_kernel(program, "k")
+    assert driver_calls.kernel_arg_type_name(kernel, 0).replace(" ", "") == "int*"
+    assert driver_calls.kernel_arg_type_name(kernel, 1) == "float"
+    _typed(
+        sk.InvalidValueError,
+        "CL_INVALID_VALUE",
+        lambda: driver_calls.kernel_arg_type_name(kernel, 2),
+    )
+
+
+class BrokenDriverObject:
+    """A queue, event and platform whose every driver call fails, as a lost device's would
+    (no device here can be made to fail these calls on purpose)."""
+
+    @staticmethod
+    def _fail(name: str, code: int) -> Any:
+        raise cl.LogicError(cl._cl._ErrorRecord(name, code, "device lost"))
+
+    def finish(self) -> None:
+        self._fail("clFinish", -36)
+
+    def flush(self) -> None:
+        self._fail("clFlush", -36)
+
+    def get_devices(self) -> list[Any]:
+        return self._fail("clGetDeviceIDs", -5)  # type: ignore[no-any-return]
+
+    @property
+    def command_execution_status(self) -> int:
+        return self._fail("clGetEventInfo", -58)  # type: ignore[no-any-return]
+
+
+def test_failing_queue_event_and_platform_calls_are_typed():
+    broken: Any = BrokenDriverObject()
+    _typed(sk.SVMError, "CL_INVALID_COMMAND_QUEUE", lambda: driver_calls.finish(broken))
+    _typed(sk.SVMError, "CL_INVALID_COMMAND_QUEUE", lambda: driver_calls.flush(broken))
+    _typed(sk.SVMError, "CL_INVALID_EVENT", lambda: driver_calls.event_status(broken))
+    _typed(sk.SVMError, "CL_INVALID_EVENT", lambda: driver_calls.event_complete(broken))
+    _typed(
+        sk.OutOfMemoryError, "CL_OUT_OF_RESOURCES", lambda: driver_calls.platform_devices(broken)
+    )
+
+
+def test_the_event_record_reads_status_through_the_chokepoint():
+    from svmkit.events import is_complete
+
+    assert is_complete is driver_calls.event_complete  # the query itself: no call between

@@ -423,16 +423,60 @@ def test_event_record_keeps_latest_per_in_order_queue(queue):
     assert record.pending() == [] and record.take() == []
 
 
-def test_blocking_copy_after_failed_event(queue):
-    a = sk.zeros(queue.context, 4, np.int32)
-    failed = cl.UserEvent(queue.context)
+def _failed_event(ctx: cl.Context) -> cl.UserEvent:
+    failed = cl.UserEvent(ctx)
     failed.set_status(-1)
-    err = _raises(
-        sk.SVMError,
-        "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
-        lambda: sk.copy(queue, a, np.zeros(4, np.int32), wait_for=[failed]),
+    return failed
+
+
+@pytest.mark.parametrize("n", [4, 0])
+def test_blocking_copy_after_failed_event(queue, n):
+    # Every size: a zero-byte copy (a marker plus a wait) checks its wait list first, too.
+    a = sk.zeros(queue.context, 4, np.int32, policy=sk.Policy.coarse())
+    b = sk.zeros(queue.context, 4, np.int32, policy=sk.Policy.coarse())
+    sides = {
+        "host->svm": (a[:n], np.zeros(n, np.int32)),
+        "svm->host": (np.zeros(n, np.int32), a[:n]),
+        "svm->svm": (b[:n], a[:n]),
+    }
+    for name, (dst, src) in sides.items():
+        failed = _failed_event(queue.context)
+        err = _raises(
+            sk.SVMError,
+            "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
+            lambda: sk.copy(queue, dst, src, wait_for=[failed]),  # noqa: B023 (called at once)
+        )
+        assert "a blocking copy waits for an event that failed" in str(err), name
+        assert err.__cause__ is None, name  # svmkit's rule: the driver never saw the copy
+
+
+@pytest.mark.parametrize("n", [4, 0])
+@pytest.mark.parametrize("command", ["fill", "migrate", "copy", "launch"])
+def test_every_command_after_a_failed_event_raises_typed(queue, command, n):
+    # Every command and size (a zero-byte one is a marker): checked before enqueueing, since
+    # PoCL would never run it and the release of its memory would wait forever.
+    ctx = queue.context
+    if command == "migrate" and not sk.capabilities(ctx).migrate:
+        pytest.skip(f"{sk.capabilities(ctx).name} has no clEnqueueSVMMigrateMem")
+    a = sk.full(ctx, 4, 5, np.int32, policy=sk.Policy.coarse())
+    kernel = cl.Kernel(
+        sk.build_program(ctx, "__kernel void k(__global int *a) { a[get_global_id(0)] = 9; }"),
+        "k",
     )
-    assert "failed" in str(err)
+    failed = _failed_event(ctx)
+    enqueue = {
+        "fill": lambda: sk.fill(queue, a[:n], 7, wait_for=[failed]),
+        "migrate": lambda: sk.migrate(queue, [a[:n]], wait_for=[failed]),
+        "copy": lambda: sk.copy(
+            queue, a[:n], np.ones(n, np.int32), blocking=False, wait_for=[failed]
+        ),
+        "launch": lambda: sk.launch(queue, kernel, (max(n, 1),), None, a[:n], wait_for=[failed]),
+    }
+    err = _raises(sk.SVMError, "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST", enqueue[command])
+    assert f"{command}() waits for an event that failed (status -1)" in str(err)
+    assert err.__cause__ is None  # svmkit's rule: nothing was enqueued
+    queue.finish()
+    np.testing.assert_array_equal(a.get(queue), [5, 5, 5, 5])
 
 
 @pytest.mark.parametrize("name", ["copy", "migrate", "launch"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -272,10 +273,12 @@ def test_fifo_full_timeout_and_close(ctx: cl.Context, backend: str) -> None:
         wq.push_many(np.arange(10, 15), timeout=0.02)
     assert isinstance(many.value, WorkQueueTimeout) and many.value.pushed == 2
     assert list(wq.pop_many(10, timeout=0.01)) == [2, 3, 10, 11]
-    with pytest.raises(TimeoutError):
+    with pytest.raises(sk.SVMError) as one:  # a timeout is both (API.md "Errors")
         wq.pop(timeout=0.01)
-    with pytest.raises(TimeoutError):
+    assert isinstance(one.value, TimeoutError) and one.value.cl_error is None
+    with pytest.raises(TimeoutError) as several:
         wq.pop_many(3, timeout=0.01)
+    assert isinstance(several.value, sk.SVMError)
     wq.push_many([5, 6])
     wq.close()
     wq.close()  # idempotent
@@ -890,3 +893,12 @@ def test_the_c_ring_is_built_where_a_compiler_exists() -> None:
     if not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler here: the Python ring is the designed fallback")
     assert "native" in ring.available_backends()
+
+
+def test_a_timeout_is_an_svm_error_and_a_timeout_error_that_pickles() -> None:
+    assert WorkQueueTimeout is sk.errors.WorkQueueTimeout
+    assert issubclass(WorkQueueTimeout, sk.SVMError) and issubclass(WorkQueueTimeout, TimeoutError)
+    err = WorkQueueTimeout("push_many timed out after 0.5 s with 3 of 8 items pushed", pushed=3)
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is WorkQueueTimeout
+    assert (str(back), back.pushed, back.cl_error) == (str(err), 3, None)

@@ -24,6 +24,7 @@ __all__ = [
     "SVMError",
     "UnsupportedError",
     "UseAfterFreeError",
+    "WorkQueueTimeout",
     "cl_error_name",
     "error_for_name",
     "translate",
@@ -127,6 +128,20 @@ class QueueClosed(SVMError):
     default_cl_error = None
 
 
+class WorkQueueTimeout(SVMError, TimeoutError):
+    """A blocking work-queue call ran out of time; ``pushed`` leading items went in.
+
+    Both an :class:`SVMError` and a :class:`TimeoutError`, as every timeout of a blocking
+    svmkit call is (``except TimeoutError`` keeps working for code that does not know svmkit).
+    """
+
+    default_cl_error = None
+
+    def __init__(self, message: str, pushed: int = 0, *, cl_error: str | None = None) -> None:
+        super().__init__(message, cl_error=cl_error)
+        self.pushed = pushed
+
+
 # OpenCL error codes that SVM calls can return (cl.h), by value.
 _CL_ERROR_NAMES: dict[int, str] = {
     -4: "CL_MEM_OBJECT_ALLOCATION_FAILURE",
@@ -138,6 +153,8 @@ _CL_ERROR_NAMES: dict[int, str] = {
     -34: "CL_INVALID_CONTEXT",
     -36: "CL_INVALID_COMMAND_QUEUE",
     -38: "CL_INVALID_MEM_OBJECT",
+    -45: "CL_INVALID_PROGRAM_EXECUTABLE",
+    -46: "CL_INVALID_KERNEL_NAME",
     -48: "CL_INVALID_KERNEL",
     -52: "CL_INVALID_KERNEL_ARGS",
     -54: "CL_INVALID_WORK_GROUP_SIZE",

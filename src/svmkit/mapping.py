@@ -209,7 +209,7 @@ class Mapping:
             try:
                 event = calls.enqueue_unmap(current.queue, current.svm)
                 record_event(alloc, event, current.queue)
-                event.wait()
+                calls.wait(event, "clEnqueueSVMUnmap")
             finally:
                 if release is not None:  # the array was freed inside the block
                     release()

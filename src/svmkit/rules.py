@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyopencl as cl
 
+from svmkit.driver.calls import event_status
 from svmkit.driver.per_context import canonical_context
 from svmkit.driver.queues import default_queue
 from svmkit.errors import (
@@ -265,13 +266,15 @@ def check_migrate_to(to: Any, content_undefined: bool) -> int:
 def check_wait_status(events: list[cl.Event] | None, what: str) -> None:
     """Spec (blocking clEnqueueSVMMemcpy/clEnqueueSVMMap):
     ``CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST`` if an event of the wait list has a
-    negative (error) status.  Checked before enqueueing: PoCL never runs, nor fails, a
-    command behind a failed event, so waiting for it would hang."""
+    negative (error) status.  Checked before enqueueing every command, of every size and
+    blocking or not: PoCL never runs, nor fails, a command behind a failed event, so
+    waiting for it would hang, and so would the release of the memory it uses."""
     for event in events or ():
-        if event.command_execution_status < 0:
+        status = event_status(event)
+        if status < 0:
             raise SVMError(
                 f"{what} waits for an event that failed (status "
-                f"{event.command_execution_status}); a blocking command fails with "
+                f"{status}); a blocking command fails with "
                 "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
                 cl_error="CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
             )

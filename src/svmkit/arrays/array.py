@@ -475,8 +475,8 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         queue = check_queue(queue, alloc.context)  # CL_INVALID_COMMAND_QUEUE / _CONTEXT
         events = check_wait_for(alloc.context, wait_for)
         if alloc.freed:
-            done = cl.UserEvent(alloc.context)
-            done.set_status(cl.command_execution_status.COMPLETE)
+            done = calls.new_user_event(alloc.context)
+            calls.set_event_status(done)  # CL_COMPLETE
             return done
         state = alloc.map_state
         if state is not None and state.maps:

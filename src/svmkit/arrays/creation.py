@@ -136,7 +136,7 @@ def fill_with(a: SVMArray, value: Any) -> None:
         return
     if item.nbytes in PATTERN_SIZES:
         queue = default_queue(a.context)
-        calls.enqueue_fill(queue, a, item.reshape(1), None).wait()
+        calls.wait(calls.enqueue_fill(queue, a, item.reshape(1), None), "clEnqueueSVMMemFill")
     else:
         a.set(np.full(a.shape, item, a.dtype))
 

@@ -36,6 +36,7 @@ import pyopencl as cl
 
 from svmkit.arrays.creation import empty
 from svmkit.capabilities import capabilities, create_context, device_label
+from svmkit.driver import calls
 from svmkit.errors import SVMError
 from svmkit.ops import copy, launch
 from svmkit.policy import Policy
@@ -228,14 +229,14 @@ class QueueSide:
         self.results = WorkQueue(ctx, args.capacity)
         if single_items:  # latency: one work-item answering each item as it comes
             self.grid: tuple[Any, Any] = ((1,), (1,))
-            kernel = cl.Kernel(program, "collatz_item")
+            kernel = calls.new_kernel(program, "collatz_item")
         else:
             self.grid = persistent_grid(
                 queue, host_threads=args.host_cores, local_size=args.local_size
             )
-            kernel = cl.Kernel(program, "collatz_group")
+            kernel = calls.new_kernel(program, "collatz_group")
         self.event = launch(queue, kernel, *self.grid, self.work, self.results, self.starts)
-        queue.flush()
+        calls.flush(queue)
         self.args = args
 
     def stream(self, lo: int, hi: int, out: np.ndarray[Any, Any], bar: Progress) -> float:
@@ -289,7 +290,7 @@ class QueueSide:
         into a full results queue (the host stopped popping: Ctrl-C) leaves too."""
         self.work.close()
         self.results.close()
-        self.event.wait()
+        calls.wait(self.event, "the persistent kernel")
 
 
 def _measure(
@@ -322,7 +323,7 @@ def _measure(
         return BatchedLaunches(
             ctx,
             [queue],
-            lambda: cl.Kernel(launch_prog, "collatz_launch"),
+            lambda: calls.new_kernel(launch_prog, "collatz_launch"),
             batch,
             depth=depth,
             extra=(dev_starts,),
@@ -514,7 +515,7 @@ def _verify(
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     ctx = create_context()
-    queue = cl.CommandQueue(ctx)
+    queue = calls.new_queue(ctx)
     caps = capabilities(ctx)
     device = device_label(ctx.devices[0])
     fine = caps.fine_grain_buffer and caps.atomics

@@ -23,6 +23,7 @@ from svmkit.dask._types import (
     fallback_dtype,
     pointee,
 )
+from svmkit.driver import calls
 from svmkit.errors import InvalidValueError, SVMError
 from svmkit.programs import build_program
 
@@ -138,23 +139,20 @@ class ProgramCache:
 
     def _make_kernel(self, source: str, name: str) -> KernelEntry:
         program = self.program(source)
-        names = [n for n in program.get_info(cl.program_info.KERNEL_NAMES).split(";") if n]
+        names = calls.kernel_names(program)
         if name not in names:
             raise InvalidValueError(
                 f"the source defines no kernel named {name!r} (it defines: "
                 f"{', '.join(names) or 'none'})",
                 cl_error="CL_INVALID_KERNEL_NAME",
             )
-        kernel = cl.Kernel(program, name)
+        kernel = calls.new_kernel(program, name)
         return KernelEntry(kernel, name, _type_names(kernel))
 
 
 def _type_names(kernel: cl.Kernel) -> tuple[str, ...] | None:
     """Each parameter's type name, or None where the driver keeps no argument info."""
     try:
-        return tuple(
-            str(kernel.get_arg_info(i, cl.kernel_arg_info.TYPE_NAME))
-            for i in range(kernel.num_args)
-        )
-    except (cl.Error, AttributeError):
+        return tuple(calls.kernel_arg_type_name(kernel, i) for i in range(kernel.num_args))
+    except (SVMError, AttributeError):
         return None

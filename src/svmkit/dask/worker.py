@@ -19,6 +19,7 @@ import pyopencl as cl
 from svmkit.arrays.pooled import Pool
 from svmkit.capabilities import _svm_devices, check_context_layout, compiler_failure
 from svmkit.dask.programs import ProgramCache
+from svmkit.driver import calls
 from svmkit.errors import InvalidValueError, UnsupportedError
 from svmkit.events.release import drain
 from svmkit.policy import Policy
@@ -56,7 +57,7 @@ class WorkerState:
         """This thread's in-order queue on the context's device."""
         queue: cl.CommandQueue | None = getattr(self._local, "queue", None)
         if queue is None:
-            queue = self._local.queue = cl.CommandQueue(self.context, self.context.devices[0])
+            queue = self._local.queue = calls.new_queue(self.context)
         return queue
 
     def stats(self) -> dict[str, int]:
@@ -120,7 +121,7 @@ def make_context(device: int | None, name: Any) -> cl.Context:
         raise InvalidValueError(
             f"device={device} is not one of this worker's SVM devices ({names})"
         )
-    context = cl.Context([chosen])
+    context = calls.new_context([chosen])
     check_context_layout(context)
     return context
 

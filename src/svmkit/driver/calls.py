@@ -6,6 +6,9 @@ driver).  Each function makes exactly one driver call, through
 * PyOpenCL's extension entry points (``pyopencl._cl._enqueue_svm_*``, ``_Program``), which
   its public wrappers call after dispatching on argument types svmkit has already
   checked: the pin on PyOpenCL's private API touches this file only;
+* PyOpenCL's objects where no dispatch is left to skip: event waits and status queries,
+  user events, ``clFinish``/``clFlush``, the creation of contexts, queues and kernels, and
+  the kernel queries svmkit needs (callers above this layer never touch those directly);
 * the ctypes bindings of :mod:`svmkit.driver.entrypoints` for what PyOpenCL lacks
   (``clSVMAlloc``/``clSVMFree`` under svmkit's control, ``clSetKernelExecInfo``);
 
@@ -35,6 +38,19 @@ from svmkit.errors import cl_error_name, error_for_name, translate
 
 __all__ = [
     "copy_and_wait",
+    "event_complete",
+    "event_status",
+    "finish",
+    "flush",
+    "kernel_arg_type_name",
+    "kernel_names",
+    "new_kernel",
+    "new_queue",
+    "new_user_event",
+    "platform_devices",
+    "set_event_status",
+    "wait",
+    "wait_for_events",
     "enqueue_copy",
     "enqueue_fill",
     "enqueue_kernel",
@@ -43,6 +59,7 @@ __all__ = [
     "enqueue_migrate",
     "enqueue_unmap",
     "map_and_wait",
+    "new_context",
     "new_program",
     "set_svm_pointers",
     "allow_fine_grain_system",
@@ -55,6 +72,8 @@ Wait = list[cl.Event] | None
 
 svm_pointer = cl.SVM
 """PyOpenCL's SVM pointer object over a contiguous host-addressable NumPy view."""
+
+_COMPLETE = int(cl.command_execution_status.COMPLETE)
 
 
 # -- allocation ----------------------------------------------------------------------------
@@ -167,6 +186,139 @@ def enqueue_kernel(
         return kernel(queue, global_size, local_size, *args, wait_for=wait)
     except cl.Error as exc:
         raise translate(exc, what=f"enqueueing kernel {kernel.function_name}") from exc
+
+
+# -- events ----------------------------------------------------------------------------------
+
+
+def event_status(event: cl.Event) -> int:
+    """``clGetEventInfo(CL_EVENT_COMMAND_EXECUTION_STATUS)``: ``CL_COMPLETE`` (0), a
+    positive state still on its way, or a negative error code (the command failed)."""
+    try:
+        return int(event.command_execution_status)
+    except cl.Error as exc:
+        raise translate(exc, what="clGetEventInfo(CL_EVENT_COMMAND_EXECUTION_STATUS)") from exc
+
+
+def event_complete(event: cl.Event) -> bool:
+    """Whether ``event`` finished: its execution status is ``CL_COMPLETE`` or an error
+    (``clGetEventInfo``; on every hot path that prunes recorded events, so no more than
+    the one query and a comparison)."""
+    try:
+        return bool(event.command_execution_status <= _COMPLETE)
+    except cl.Error as exc:
+        raise translate(exc, what="clGetEventInfo(CL_EVENT_COMMAND_EXECUTION_STATUS)") from exc
+
+
+def wait(event: cl.Event, what: str = "a command") -> None:
+    """``clWaitForEvents`` on one event; a command that failed (or waited for an event
+    that failed: ``CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST``) raises its typed error.
+    ``what`` names the command in the message."""
+    try:
+        event.wait()
+    except cl.Error as exc:
+        raise translate(exc, what=f"waiting for {what}") from exc
+
+
+def wait_for_events(events: list[cl.Event]) -> None:
+    """``clWaitForEvents`` on every event of a non-empty list."""
+    try:
+        cl.wait_for_events(events)
+    except cl.Error as exc:
+        raise translate(exc, what=f"waiting for {len(events)} events") from exc
+
+
+def new_user_event(context: cl.Context) -> cl.UserEvent:
+    """``clCreateUserEvent``: an event of ``context`` that the host completes with
+    :func:`set_event_status`."""
+    try:
+        return cl.UserEvent(context)
+    except cl.Error as exc:
+        raise translate(exc, what="clCreateUserEvent") from exc
+
+
+def set_event_status(event: cl.UserEvent, status: int = _COMPLETE) -> None:
+    """``clSetUserEventStatus``: ``CL_COMPLETE`` (default) or a negative error code."""
+    try:
+        event.set_status(status)
+    except cl.Error as exc:
+        raise translate(exc, what=f"clSetUserEventStatus({status})") from exc
+
+
+# -- platforms, contexts, command queues -----------------------------------------------------
+
+
+def platform_devices(platform: cl.Platform) -> list[cl.Device]:
+    """``clGetDeviceIDs(CL_DEVICE_TYPE_ALL)``: every device of ``platform``, in its order."""
+    try:
+        return list(platform.get_devices())
+    except cl.Error as exc:
+        raise translate(exc, what="clGetDeviceIDs") from exc
+
+
+def new_context(devices: list[cl.Device]) -> cl.Context:
+    """``clCreateContext`` over ``devices``."""
+    try:
+        return cl.Context(devices)
+    except cl.Error as exc:
+        raise translate(exc, what="clCreateContext") from exc
+
+
+def new_queue(
+    context: cl.Context, device: cl.Device | None = None, properties: int = 0
+) -> cl.CommandQueue:
+    """``clCreateCommandQueueWithProperties`` on ``device`` (default: the context's first)
+    with ``properties`` (default: none, an in-order queue)."""
+    try:
+        return cl.CommandQueue(context, device or context.devices[0], properties)
+    except cl.Error as exc:
+        raise translate(exc, what="clCreateCommandQueueWithProperties") from exc
+
+
+def finish(queue: cl.CommandQueue) -> None:
+    """``clFinish``: block until every command of ``queue`` completed."""
+    try:
+        queue.finish()
+    except cl.Error as exc:
+        raise translate(exc, what="clFinish") from exc
+
+
+def flush(queue: cl.CommandQueue) -> None:
+    """``clFlush``: hand ``queue``'s commands to the device without waiting."""
+    try:
+        queue.flush()
+    except cl.Error as exc:
+        raise translate(exc, what="clFlush") from exc
+
+
+# -- kernels -----------------------------------------------------------------------------------
+
+
+def new_kernel(program: cl.Program, name: str) -> cl.Kernel:
+    """``clCreateKernel``: a new kernel object (own argument state) of a built program."""
+    try:
+        return cl.Kernel(program, name)
+    except cl.Error as exc:
+        raise translate(exc, what=f"clCreateKernel({name!r})") from exc
+
+
+def kernel_names(program: cl.Program) -> list[str]:
+    """``clGetProgramInfo(CL_PROGRAM_KERNEL_NAMES)`` of a built program, as a list."""
+    try:
+        text = program.get_info(cl.program_info.KERNEL_NAMES)
+    except cl.Error as exc:
+        raise translate(exc, what="clGetProgramInfo(CL_PROGRAM_KERNEL_NAMES)") from exc
+    return [n for n in str(text).split(";") if n]
+
+
+def kernel_arg_type_name(kernel: cl.Kernel, index: int) -> str:
+    """``clGetKernelArgInfo(CL_KERNEL_ARG_TYPE_NAME)`` of parameter ``index``; a driver that
+    kept no argument info (a program built from a binary) answers
+    ``CL_KERNEL_ARG_INFO_NOT_AVAILABLE``, raised as an :class:`~svmkit.SVMError`."""
+    try:
+        return str(kernel.get_arg_info(index, cl.kernel_arg_info.TYPE_NAME))
+    except cl.Error as exc:
+        raise translate(exc, what=f"clGetKernelArgInfo({index}, CL_KERNEL_ARG_TYPE_NAME)") from exc
 
 
 # -- kernel execution info -----------------------------------------------------------------

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pyopencl as cl
 
+from svmkit.driver.calls import new_queue
 from svmkit.driver.per_context import PerContext
 
 __all__ = ["default_queue"]
 
-_queues: PerContext[cl.CommandQueue] = PerContext(lambda ctx: cl.CommandQueue(ctx, ctx.devices[0]))
+_queues: PerContext[cl.CommandQueue] = PerContext(new_queue)
 
 
 def default_queue(context: cl.Context) -> cl.CommandQueue:

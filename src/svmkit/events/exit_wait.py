@@ -18,6 +18,7 @@ import time
 
 import pyopencl as cl
 
+from svmkit.errors import SVMError
 from svmkit.events.record import is_complete
 
 __all__ = ["wait_for_recorded_work"]
@@ -43,7 +44,7 @@ def wait_for_recorded_work(timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     try:
         events = [e for e in _recorded_events() if not is_complete(e)]
-    except cl.Error:
+    except SVMError:
         return False
     pause = 0.0005
     while events:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import pyopencl as cl
 
+from svmkit.driver import calls
 from svmkit.errors import InvalidContextError, InvalidValueError
 
 __all__ = [
@@ -27,13 +28,11 @@ __all__ = [
 
 WaitFor = Sequence[cl.Event] | None
 
-_COMPLETE = cl.command_execution_status.COMPLETE
 _PRUNE_AT = 8
 
-
-def is_complete(event: cl.Event) -> bool:
-    """Whether ``event`` finished (an error status counts as finished)."""
-    return bool(event.command_execution_status <= _COMPLETE)
+is_complete = calls.event_complete
+"""Whether an event finished (an error status counts as finished): the driver's status
+query itself (:func:`svmkit.driver.calls.event_complete`), with no call in between."""
 
 
 class EventRecord:
@@ -159,4 +158,4 @@ def wait_list(context: cl.Context, wait_for: WaitFor) -> list[cl.Event] | None:
 def wait_pending(events: Sequence[cl.Event]) -> None:
     """Block until every event in ``events`` completed (no-op for an empty list)."""
     if events:
-        cl.wait_for_events(list(events))
+        calls.wait_for_events(list(events))

@@ -24,6 +24,7 @@ from typing import Any
 import pyopencl as cl
 
 from svmkit.driver import fork
+from svmkit.errors import SVMError
 from svmkit.events.record import is_complete
 
 __all__ = [
@@ -191,7 +192,7 @@ def _run_queued() -> None:
             events, release = _releases[0]
         try:
             _wait_unless_exiting(events)
-        except cl.Error:
+        except SVMError:
             log.warning("an event svmkit waited on before releasing memory failed", exc_info=True)
         _run(release)
         with _releases_cond:

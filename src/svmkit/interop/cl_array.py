@@ -110,7 +110,7 @@ def _release(allocation: Allocation, queue: cl.CommandQueue) -> None:
     try:
         allocation.events.record(calls.enqueue_marker(queue))
     except SVMError:  # the queue went bad: wait for it instead
-        queue.finish()
+        calls.finish(queue)
     allocation.free()
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from svmkit.driver import calls
 from svmkit.events import wait_pending
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ def dlpack_device(a: SVMArray) -> tuple[int, int]:
     if not alloc.policy.needs_map:
         return _CPU
     device = alloc.context.devices[0]
-    return (KDL_OPENCL, device.platform.get_devices().index(device))
+    return (KDL_OPENCL, calls.platform_devices(device.platform).index(device))
 
 
 def dlpack(

@@ -24,6 +24,7 @@ from svmkit.resources.base import Allocation, record_event
 from svmkit.rules import (
     check_kernel_context,
     check_queue,
+    check_wait_status,
     context_of,
 )
 
@@ -66,6 +67,8 @@ def launch(
         counts as written unless its policy's access is ``READ_ONLY``.
     UseAfterFreeError
         An array was freed.
+    SVMError
+        An event of ``wait_for`` failed (``CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST``).
 
     Notes
     -----
@@ -80,6 +83,8 @@ def launch(
     context = context_of(queue)
     check_kernel_context(kernel, context)
     wait = wait_list(context, wait_for) if wait_for is not None else None
+    if wait:
+        check_wait_status(wait, "launch()")
     allocs: list[Allocation] = []
     others: list[Any] = []
     pointers: list[int] = []

@@ -70,6 +70,9 @@ def fill(
         ``dst`` not contiguous (spec, clEnqueueSVMMemFill: ``CL_INVALID_VALUE``).
     InvalidContextError, MapStateError, UseAfterFreeError
         See ``docs/CONFORMANCE.md`` (every spec rule and its error).
+    SVMError
+        An event of ``wait_for`` failed, whatever the size
+        (``CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST``).
 
     Notes
     -----
@@ -89,6 +92,8 @@ def fill(
         check_pattern_max(pattern.nbytes, capabilities(context).max_alignment)
     if not dst._contiguous:
         check_contiguous(view, "fill destination")
+    if wait:
+        check_wait_status(wait, "fill()")
     nbytes = view.nbytes
     if not nbytes:
         return _marker(queue, wait)
@@ -140,6 +145,9 @@ def copy(
         (spec: ``CL_INVALID_CONTEXT``).
     MapStateError, UseAfterFreeError
         See ``docs/CONFORMANCE.md`` (every spec rule and its error).
+    SVMError
+        An event of ``wait_for`` failed, whatever the size
+        (``CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST``).
     """
     context = _context_of(dst, src, queue)
     queue = check_queue(queue, context)
@@ -161,14 +169,14 @@ def copy(
         src_ptr_obj, src_ptr, src_nbytes = _host_side(src, "src", False)
     if nbytes != src_nbytes:
         check_same_nbytes(nbytes, src_nbytes)
+    check_no_overlap(dst_ptr, src_ptr, nbytes)  # (never true of zero bytes)
+    if wait:
+        check_wait_status(wait, "a blocking copy" if blocking else "copy()")
     if not nbytes:
         event = _marker(queue, wait)
         if blocking:
-            event.wait()
+            calls.wait(event, "a zero-byte copy's marker")
         return event
-    check_no_overlap(dst_ptr, src_ptr, nbytes)
-    if blocking and wait:
-        check_wait_status(wait, "a blocking copy")
     if blocking:
         event = calls.copy_and_wait(queue, dst_ptr_obj, src_ptr_obj, wait)
     else:
@@ -241,6 +249,9 @@ def migrate(
         The queue's device predates OpenCL 2.1 (no ``clEnqueueSVMMigrateMem``).
     InvalidContextError, MapStateError, UseAfterFreeError
         See ``docs/CONFORMANCE.md`` (every spec rule and its error).
+    SVMError
+        An event of ``wait_for`` failed, whatever the size
+        (``CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST``).
     """
     items = [arrays] if isinstance(arrays, SVMArray) else list(arrays)
     if not items:
@@ -279,6 +290,8 @@ def migrate(
             lo, hi = a._span()
             pointers.append(calls.svm_pointer(alloc.u8[lo:hi]))
         allocs.append(alloc)
+    if wait:
+        check_wait_status(wait, "migrate()")
     if not pointers:
         return _marker(queue, wait)
     event = calls.enqueue_migrate(queue, pointers, flags, wait)

@@ -170,7 +170,7 @@ def _order_after(alloc: Allocation, queues: list[cl.CommandQueue]) -> None:
             alloc.events.record(calls.enqueue_marker(queue))
         except SVMError:
             log.warning("could not order a release after a PyOpenCL queue", exc_info=True)
-            queue.finish()
+            calls.finish(queue)
 
 
 def export_base(alloc: Allocation) -> HostOwner:

@@ -117,7 +117,7 @@ class BatchedLaunches:
 
         def retire() -> None:
             j, slot, t0, event = inflight.popleft()
-            event.wait()
+            calls.wait(event, "a batch")
             lo = j * b
             k = min(b, n - lo)
             out[lo : lo + k] = self._result(slot, k)
@@ -131,7 +131,7 @@ class BatchedLaunches:
             t0 = clock()
             event = self._submit(slot, self.queues[j % len(self.queues)], src[j * b : (j + 1) * b])
             if self.depth > 1:
-                self.queues[j % len(self.queues)].flush()
+                calls.flush(self.queues[j % len(self.queues)])
             inflight.append((j, slot, t0, event))
         while inflight:
             retire()

@@ -47,7 +47,7 @@ from svmkit.arrays.array import SVMArray
 from svmkit.arrays.creation import empty
 from svmkit.capabilities import device_label
 from svmkit.driver import fork
-from svmkit.errors import InvalidValueError, QueueClosed
+from svmkit.errors import InvalidValueError, QueueClosed, WorkQueueTimeout
 from svmkit.events import at_shutdown
 from svmkit.policy import Granularity, Policy
 from svmkit.workqueue import ring as host_ring
@@ -85,14 +85,6 @@ _MAX_SLEEP = 1e-3
 # A batch call that finds the ring not ready waits for a run of this many slots (for at most
 # a few µs once the first is ready) instead of trailing the other side slot by slot.
 _GATHER = 64
-
-
-class WorkQueueTimeout(TimeoutError):
-    """A blocking work-queue call ran out of time; ``pushed`` leading items went in."""
-
-    def __init__(self, message: str, pushed: int = 0) -> None:
-        super().__init__(message)
-        self.pushed = pushed
 
 
 def opencl_type(dtype: Any) -> str:
