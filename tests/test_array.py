@@ -297,3 +297,20 @@ def test_enqueue_free_of_a_mapped_array_is_refused_and_loses_nothing(ctx, queue)
     assert a.get(queue).tolist() == [9, 1, 2, 3]
     a.enqueue_free(queue).wait()
     assert a.freed
+
+
+def test_errors_name_an_array_or_a_view_once(ctx, queue):
+    a = sk.zeros(ctx, 8, np.float32, policy=sk.Policy.coarse())
+    with pytest.raises(sk.MapStateError) as mapped_err:
+        _ = a.host
+    view = a[2:]
+    a.free()
+    with pytest.raises(sk.UseAfterFreeError) as array_err:
+        _ = a.ptr
+    with pytest.raises(sk.UseAfterFreeError) as view_err:
+        _ = view.ptr
+    for err in (mapped_err, array_err):
+        assert "SVMArray shape=(8,) dtype=float32" in str(err.value)
+    assert "SVMArray view shape=(6,) dtype=float32" in str(view_err.value)
+    for err in (mapped_err, array_err, view_err):
+        assert "SVMArray array" not in str(err.value)
