@@ -153,6 +153,19 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         return self._view.strides
 
     @property
+    def flags(self) -> Any:
+        """Not NumPy's ``flags``: a ``TypeError`` naming ``a.to_cl_array()`` and ``a.get()``.
+
+        ``pyopencl.array.to_device(queue, a)`` copies host arrays (it reads ``.flags``)
+        and would read SVM behind svmkit's back; ``hasattr(a, "flags")`` stays False.
+        """
+        raise _NotAHostArray(
+            f"an {self._describe()} is no NumPy array: for a pyopencl.array.Array over the "
+            "same memory use a.to_cl_array(queue) (zero-copy), for a copy "
+            "pyopencl.array.to_device(queue, a.get())"
+        )
+
+    @property
     def policy(self) -> Policy:
         return self._alloc.policy
 
@@ -667,6 +680,10 @@ def _adopt_operators(cls: type) -> None:
 
 
 _adopt_operators(SVMArray)
+
+
+class _NotAHostArray(TypeError, AttributeError):
+    """A ``TypeError`` that ``hasattr`` reads as a missing attribute (see ``SVMArray.flags``)."""
 
 
 def _host_access_error(what: str, reads: bool, writes: bool) -> MapStateError:
