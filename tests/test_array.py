@@ -345,7 +345,7 @@ def test_errors_name_an_array_or_a_view_once(ctx, queue):
 )
 @pytest.mark.parametrize("bad", [None, "ctx"])
 def test_a_context_that_is_not_one_is_invalid_context_error(make, bad):
-    with pytest.raises(sk.InvalidContextError, match="ctx must be a pyopencl.Context") as err:
+    with pytest.raises(sk.InvalidContextError, match=r"ctx must be a pyopencl\.Context") as err:
         make(bad)
     assert err.value.cl_error == "CL_INVALID_CONTEXT"
     assert repr(bad) in str(err.value)

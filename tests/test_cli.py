@@ -364,7 +364,29 @@ def test_info_names_the_backend_of_each_hot_path(monkeypatch):
     report = collect()
     expected = "C" if "native" in ring.available_backends() else "Python"
     assert report["backends"]["ring"] == expected
-    assert report["backends"]["pools"] == "Python"
+    assert report["backends"]["pools"] == "C (svmkit.resources._cpool)"
+    assert "pools C (svmkit.resources._cpool)" in render_table(report)
     assert f"ring {expected}" in render_table(report)
     monkeypatch.setenv("SVMKIT_HOSTATOMICS", "python")  # forced: what the queues then use
     assert collect()["backends"]["ring"] == "Python"
+
+
+def test_info_marks_no_device_when_pyopencl_ctx_names_one_whose_compiler_fails(capsys, monkeypatch):
+    capmod = sys.modules["svmkit.capabilities"]
+    device = cl.get_platforms()[0].get_devices()[0]
+    failing = "error: unknown target CPU 'generic'"
+    fake = lambda d: failing if d == device else None  # noqa: E731
+    monkeypatch.setattr(capmod, "compiler_failure", fake)
+    monkeypatch.setattr(info_module, "compiler_failure", fake)
+    monkeypatch.setenv("PYOPENCL_CTX", "0:0")
+    report = info_module.collect()
+    assert report["selected"] is None
+    assert not any(d["selected"] for p in report["platforms"] for d in p["devices"])
+    assert f"compiler fails ({failing})" in report["selection_error"]
+    assert main(["info"]) == 1  # the table, then the one line saying why
+    captured = capsys.readouterr()
+    assert not [line for line in captured.out.splitlines() if line.startswith("  *")]
+    assert "sk.create_context() picks no device: UnsupportedError: PYOPENCL_CTX='0:0'" in (
+        captured.out
+    )
+    assert _one_line(captured.err).startswith("svmkit info: PYOPENCL_CTX='0:0' selects ")

@@ -57,8 +57,6 @@ def _opencl_problem() -> str | None:
     """Why no device can be opened (no platform, a ``PYOPENCL_CTX`` that selects nothing)."""
     import pyopencl as cl
 
-    from svmkit.cli.info import inventory
-
     try:
         platforms = cl.get_platforms()
     except cl.Error:  # the ICD loader's CL_PLATFORM_NOT_FOUND_KHR
@@ -69,12 +67,14 @@ def _opencl_problem() -> str | None:
             f"(OCL_ICD_VENDORS={os.environ.get('OCL_ICD_VENDORS', '/etc/OpenCL/vendors')}); "
             "install a driver, such as svmkit's [cpu] extra"
         )
-    spec = os.environ.get("PYOPENCL_CTX")
-    if spec:
-        try:
-            cl.choose_devices(interactive=False)
-        except Exception as exc:
-            return f"PYOPENCL_CTX={spec!r} selects no device ({exc}); found: {inventory()}"
+    if os.environ.get("PYOPENCL_CTX"):
+        from svmkit.capabilities import create_context
+        from svmkit.errors import UnsupportedError
+
+        try:  # a selection that matches nothing, or a device whose compiler fails
+            create_context()
+        except UnsupportedError as exc:
+            return str(exc)
     return None
 
 
