@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from svmkit.arrays.creation import _new
+from svmkit.driver import fork
 from svmkit.events import wait_pending
 from svmkit.mapping import mapped
 from svmkit.resources.current import current_resource
@@ -55,8 +56,8 @@ def operand(a: SVMArray, reads: bool = True, writes: bool = False) -> np.ndarray
     ``SVMArray._check_host_access``).
     """
     alloc = a._alloc
-    if alloc.freed or alloc.policy.needs_map:
-        a._check_host_access(reads, writes)
+    if alloc.freed or fork.forked or alloc.policy.needs_map:
+        a._check_host_access(reads, writes)  # (live, of this process, mapped for it)
     record = alloc._events
     if record:
         wait_pending(record.pending())
@@ -146,7 +147,8 @@ def binary(ufunc: np.ufunc, a: SVMArray, other: Any, reflected: bool = False) ->
     without NumPy's override dispatch: the fast path of the operators."""
     svm = type(a)
     alloc = a._alloc
-    if alloc.freed or alloc.policy.needs_map:
+    coarse = alloc.policy.needs_map
+    if coarse or alloc.freed:
         a._check_host_access(reads=True)  # raises the right error
     record = alloc._events
     if record:
@@ -170,7 +172,7 @@ def binary(ufunc: np.ufunc, a: SVMArray, other: Any, reflected: bool = False) ->
     else:
         shape = np.broadcast_shapes(x.shape, y.shape)
     out = _new(current_resource(alloc.context, alloc.policy), shape, dtypes[0], 0)
-    if alloc.policy.needs_map:
+    if coarse:
         if reflected:
             return _fill(out, lambda view: ufunc(y, x, out=view))
         return _fill(out, lambda view: ufunc(x, y, out=view))
@@ -235,7 +237,10 @@ def array_ufunc(a: SVMArray, ufunc: np.ufunc, method: str, inputs: Any, kwargs: 
             same = all(s == shapes[0] for s in shapes)
             shape = shapes[0] if same else np.broadcast_shapes(*shapes)
             result = _new_like(first, shape, dtypes[0])
-            return _fill(result, lambda view: call(*args, out=view))
+            if result._alloc.policy.needs_map:
+                return _fill(result, lambda view: call(*args, out=view))
+            call(*args, out=result._view)
+            return result
     return to_svm(first, call(*args, **kwargs))
 
 
