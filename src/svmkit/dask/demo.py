@@ -11,7 +11,8 @@ Ctrl-C: a terminal sends SIGINT to every process of the foreground group, worker
 included, and each would print its own traceback.  The workers are therefore started with
 SIGINT ignored (an ignored signal stays ignored across ``exec``, so the spawned interpreters
 inherit it), and only the demo's process reacts: it quiets Dask's logging and shuts the
-cluster down, and ``svmkit demo`` reports one line (exit status 130).
+cluster down, and ``svmkit demo`` reports one line (exit status 130).  The demo's process
+ignores SIGINT too while the workers start (a second or two): a Ctrl-C then is lost.
 """
 
 from __future__ import annotations
