@@ -308,3 +308,18 @@ def test_host_access_needs_every_byte_mapped_for_it(ctx, queue):
     with pytest.raises(sk.MapStateError, match="host read"):
         a + 1
     assert a.get().tolist() == [1, 2, 2, 3]
+
+
+@pytest.mark.needs("coarse")
+@pytest.mark.parametrize("mode", MODES)
+def test_tolist_and_copy_read_on_the_host_under_a_read_map(ctx, queue, mode):
+    a = _coarse(ctx)
+    with sk.mapped(queue, a, mode):
+        if mode in READS:  # the host reads: no command on the mapped bytes
+            assert a.tolist() == [0, 1, 2, 3]
+            b = a.copy()
+            assert b.policy == sk.Policy.coarse() and b.get().tolist() == [0, 1, 2, 3]
+        else:  # the device would read bytes mapped for writing: refused
+            with pytest.raises(sk.MapStateError, match="mapped on the host for writing"):
+                a.tolist()
+    assert a.tolist() == [0, 1, 2, 3] and a.copy().get().tolist() == [0, 1, 2, 3]

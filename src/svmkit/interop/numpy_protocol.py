@@ -19,6 +19,7 @@ import numpy as np
 
 from svmkit.arrays.creation import _new
 from svmkit.driver import fork
+from svmkit.errors import MapStateError
 from svmkit.events import wait_pending
 from svmkit.mapping import mapped
 from svmkit.resources.current import current_resource
@@ -267,20 +268,32 @@ def astype(a: SVMArray, dtype: Any, copy: bool = True) -> SVMArray:
     return _fill(out, lambda view: np.copyto(view, x, casting="unsafe"))
 
 
+def _host_readable(a: SVMArray) -> bool:
+    """Whether the host may read ``a``'s memory now (FINE, SYSTEM, or COARSE mapped for
+    reading: the host-access rule); COARSE otherwise is read by a device copy."""
+    alloc = a._live()
+    if not alloc.policy.needs_map:
+        return True
+    try:
+        a._check_host_access(reads=True)
+    except MapStateError:
+        return False
+    return True
+
+
 def copy(a: SVMArray) -> SVMArray:
     """``a.copy()``: a new SVMArray with the same contents (every granularity: COARSE
-    arrays are copied by the device, after recorded work)."""
-    alloc = a._live()
+    arrays outside a map for reading are copied by the device, after recorded work)."""
     out = _new_like(a, a.shape, a.dtype)
-    if alloc.policy.needs_map:
-        out.set(a.get())
-        return out
-    np.copyto(out._view, operand(a))
+    if _host_readable(a):
+        return _fill(out, lambda view: np.copyto(view, operand(a)))
+    out.set(a.get())
     return out
 
 
 def tolist(a: SVMArray) -> Any:
-    """``a.tolist()`` after recorded work (every granularity)."""
-    if a._live().policy.needs_map:
-        return a.get().tolist()
-    return operand(a).tolist()
+    """``a.tolist()`` after recorded work (every granularity: COARSE memory outside a map
+    for reading is read with ``a.get()``)."""
+    if _host_readable(a):
+        return operand(a).tolist()
+    return a.get().tolist()
