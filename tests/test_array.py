@@ -297,3 +297,55 @@ def test_enqueue_free_of_a_mapped_array_is_refused_and_loses_nothing(ctx, queue)
     assert a.get(queue).tolist() == [9, 1, 2, 3]
     a.enqueue_free(queue).wait()
     assert a.freed
+
+
+def test_errors_name_an_array_or_a_view_once(ctx, queue):
+    a = sk.zeros(ctx, 8, np.float32, policy=sk.Policy.coarse())
+    with pytest.raises(sk.MapStateError) as mapped_err:
+        _ = a.host
+    view = a[2:]
+    a.free()
+    with pytest.raises(sk.UseAfterFreeError) as array_err:
+        _ = a.ptr
+    with pytest.raises(sk.UseAfterFreeError) as view_err:
+        _ = view.ptr
+    for err in (mapped_err, array_err):
+        assert "SVMArray shape=(8,) dtype=float32" in str(err.value)
+    assert "SVMArray view shape=(6,) dtype=float32" in str(view_err.value)
+    for err in (mapped_err, array_err, view_err):
+        assert "SVMArray array" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda c: sk.empty(c, 4),
+        lambda c: sk.zeros(c, 4, np.float32),
+        lambda c: sk.ones(c, 4),
+        lambda c: sk.full(c, 4, 1.5),
+        lambda c: sk.asarray(c, [1, 2]),
+        lambda c: sk.empty(c, 4, policy=sk.Policy.coarse()),
+        lambda c: sk.Pool(c),
+        lambda c: sk.SVMResource(c),
+        lambda c: sk.current_resource(c, sk.Policy.coarse()),
+        lambda c: sk.capabilities(c),
+    ],
+    ids=[
+        "empty",
+        "zeros",
+        "ones",
+        "full",
+        "asarray",
+        "empty-policy",
+        "Pool",
+        "SVMResource",
+        "current_resource",
+        "capabilities",
+    ],
+)
+@pytest.mark.parametrize("bad", [None, "ctx"])
+def test_a_context_that_is_not_one_is_invalid_context_error(make, bad):
+    with pytest.raises(sk.InvalidContextError, match=r"ctx must be a pyopencl\.Context") as err:
+        make(bad)
+    assert err.value.cl_error == "CL_INVALID_CONTEXT"
+    assert repr(bad) in str(err.value)

@@ -186,3 +186,59 @@ def test_compiler_failure_reports_the_first_line_of_the_build_log(ctx, monkeypat
     monkeypatch.setattr(sys.modules["svmkit.driver.calls"]._cl, "_Program", Broken)
     monkeypatch.setattr(capmod, "_compiler_failures", {})
     assert capmod.compiler_failure(device) == "error: unknown target CPU 'generic'"
+
+
+def _every_device_named(message: str) -> None:
+    for p_index, platform in enumerate(cl.get_platforms()):
+        assert f"platform {p_index}: {platform.name.strip()} [" in message
+        for d_index, device in enumerate(platform.get_devices()):
+            assert f"{d_index}: {device.name.strip()}" in message
+
+
+@pytest.mark.parametrize("spec", ["7", "no-such-platform-anywhere", "0:9"])
+def test_create_context_with_a_pyopencl_ctx_that_matches_nothing_lists_what_exists(
+    monkeypatch, spec
+):
+    monkeypatch.setenv("PYOPENCL_CTX", spec)
+    with pytest.raises(sk.UnsupportedError, match=f"PYOPENCL_CTX='{spec}' selects no device"):
+        sk.create_context()
+    try:
+        sk.create_context()
+    except sk.UnsupportedError as exc:
+        assert exc.__cause__ is None and exc.__suppress_context__  # one error, not PyOpenCL's
+        _every_device_named(str(exc))
+
+
+def _failing_device() -> tuple[str, cl.Device] | None:
+    """A ``PYOPENCL_CTX`` value naming a real device whose compiler fails (PoCL 3.0 on CPUs
+    newer than its LLVM), if this machine has one."""
+    for p_index, platform in enumerate(cl.get_platforms()):
+        for d_index, device in enumerate(platform.get_devices()):
+            if capmod.compiler_failure(device) is not None:
+                return f"{p_index}:{d_index}", device
+    return None
+
+
+def test_create_context_refuses_a_pyopencl_ctx_device_whose_compiler_fails(monkeypatch):
+    real = _failing_device()
+    if real is not None:  # the driver's own failure, where this machine has one
+        spec, device = real
+        monkeypatch.setenv("PYOPENCL_CTX", spec)
+        with pytest.raises(sk.UnsupportedError) as info:
+            sk.create_context()
+        message = str(info.value)
+        assert f"PYOPENCL_CTX='{spec}' selects {capmod.device_label(device)}" in message
+        assert f"compiler fails ({capmod.compiler_failure(device)})" in message
+        assert "clBuildProgram" not in message
+        _every_device_named(message)
+    # Faked on the suite's own device, so that every machine runs it: the context is real.
+    platforms = cl.get_platforms()
+    device = platforms[0].get_devices()[0]
+    monkeypatch.setenv("PYOPENCL_CTX", "0:0")
+    monkeypatch.setattr(
+        capmod, "compiler_failure", lambda d: "error: no compiler" if d == device else None
+    )
+    with pytest.raises(sk.UnsupportedError, match=r"compiler fails \(error: no compiler\)"):
+        sk.create_context()
+    monkeypatch.setattr(capmod, "compiler_failure", lambda d: None)
+    assert sk.create_context().devices == [device]

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import types
 from pathlib import Path
 from typing import Any
@@ -364,7 +365,100 @@ def test_info_names_the_backend_of_each_hot_path(monkeypatch):
     report = collect()
     expected = "C" if "native" in ring.available_backends() else "Python"
     assert report["backends"]["ring"] == expected
-    assert report["backends"]["pools"] == "Python"
+    assert report["backends"]["pools"] == "C (svmkit.resources._cpool)"
+    assert "pools C (svmkit.resources._cpool)" in render_table(report)
     assert f"ring {expected}" in render_table(report)
     monkeypatch.setenv("SVMKIT_HOSTATOMICS", "python")  # forced: what the queues then use
     assert collect()["backends"]["ring"] == "Python"
+
+
+def test_info_marks_no_device_when_pyopencl_ctx_names_one_whose_compiler_fails(capsys, monkeypatch):
+    capmod = sys.modules["svmkit.capabilities"]
+    device = cl.get_platforms()[0].get_devices()[0]
+    failing = "error: unknown target CPU 'generic'"
+    fake = lambda d: failing if d == device else None  # noqa: E731
+    monkeypatch.setattr(capmod, "compiler_failure", fake)
+    monkeypatch.setattr(info_module, "compiler_failure", fake)
+    monkeypatch.setenv("PYOPENCL_CTX", "0:0")
+    report = info_module.collect()
+    assert report["selected"] is None
+    assert not any(d["selected"] for p in report["platforms"] for d in p["devices"])
+    assert f"compiler fails ({failing})" in report["selection_error"]
+    assert main(["info"]) == 1  # the table, then the one line saying why
+    captured = capsys.readouterr()
+    assert not [line for line in captured.out.splitlines() if line.startswith("  *")]
+    assert "sk.create_context() picks no device: UnsupportedError: PYOPENCL_CTX='0:0'" in (
+        captured.out
+    )
+    assert _one_line(captured.err).startswith("svmkit info: PYOPENCL_CTX='0:0' selects ")
+
+
+# -- --json, lists of subcommands, Ctrl-C on Dask ---------------------------------------------
+
+
+def test_demo_workqueue_json_writes_only_the_object_to_stdout():
+    proc = _svmkit("demo", "workqueue", "--json", "--items", "2000", "--latency-items", "20")
+    assert_quiet_exit(proc)
+    summary = json.loads(proc.stdout)  # the whole of stdout: `| python -m json.tool` works
+    assert proc.stdout.count("\n") == 1 and summary["verified"] is True
+    assert "verified: all 2020 results" in proc.stderr  # the text went to stderr
+    tool = subprocess.run(
+        [sys.executable, "-m", "json.tool"],
+        input=proc.stdout,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert tool.returncode == 0 and json.loads(tool.stdout) == summary
+
+
+def test_info_json_writes_only_the_report_to_stdout():
+    proc = _svmkit("info", "--json")
+    assert_quiet_exit(proc)
+    assert set(json.loads(proc.stdout)) >= {"versions", "backends", "platforms", "selected"}
+
+
+@pytest.mark.parametrize(
+    ("command", "names"),
+    [("demo", sorted(cli_main.DEMOS)), ("bench", list(cli_main.BENCHMARKS))],
+)
+def test_demo_and_bench_alone_list_what_they_run(command, names, capsys):
+    summaries = cli_main.DEMO_SUMMARIES if command == "demo" else cli_main.BENCHMARK_SUMMARIES
+    assert set(summaries) == set(names)
+    assert main([command]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "required" not in captured.out
+    assert captured.out.startswith(f"usage: svmkit {command} NAME")
+    for name in names:
+        assert f"\n  {name} " in captured.out
+
+
+def test_ctrl_c_in_demo_dask_is_one_line_and_exit_130():
+    pytest.importorskip("distributed")
+    # A terminal's Ctrl-C reaches the whole foreground process group, worker processes
+    # included: the demo runs in a group of its own and the signal goes to all of it.
+    argv = [sys.executable, "-m", "svmkit.cli", "demo", "dask", "--mb", "128", "--chunks", "128"]
+    with tempfile.TemporaryDirectory() as scratch:  # Dask's scratch space, removed after
+        env = dict(os.environ, PYTHONUNBUFFERED="1", DASK_TEMPORARY_DIRECTORY=scratch)
+        env.setdefault("POCL_DEVICES", "pthread pthread")
+        with subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=CHILD_CWD,
+            start_new_session=True,
+        ) as proc:
+            assert proc.stdout is not None
+            seen: list[str] = []
+            while "kernel:" not in (line := proc.stdout.readline()):  # progress: chunks done
+                assert line, f"the demo ended before its kernels ran: {''.join(seen)}"
+                seen.append(line)
+            os.killpg(proc.pid, signal.SIGINT)
+            out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.splitlines() == ["svmkit demo: interrupted"], err
+    assert "Traceback" not in err
+    assert "check against NumPy" not in out  # it stopped rather than ran to the end

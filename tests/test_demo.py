@@ -19,20 +19,21 @@ def test_reference_matches_known_stopping_times() -> None:
 
 
 def _summary(out: str) -> dict[str, object]:
-    last = out.strip().splitlines()[-1]
-    summary = json.loads(last)
-    assert isinstance(summary, dict)
+    """The summary object, which is all that ``--json`` writes to stdout."""
+    summary = json.loads(out)
+    assert isinstance(summary, dict) and out.count("\n") == 1
     return summary
 
 
 @pytest.mark.needs("fine", "atomics")
 def test_queue_mode_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert demo.main([*SMALL, "--json"]) == 0
-    out = capsys.readouterr().out
-    assert "fine-grain work queues" in out and "verified: all 3040 results" in out
-    assert "throughput (3000 items in batches of 16" in out and "M items/s" in out
-    assert "latency (single items" in out and "µs" in out and out.count("why:") == 2
-    summary = _summary(out)
+    captured = capsys.readouterr()
+    text = captured.err  # with --json the text goes to stderr, stdout is the object alone
+    assert "fine-grain work queues" in text and "verified: all 3040 results" in text
+    assert "throughput (3000 items in batches of 16" in text and "M items/s" in text
+    assert "latency (single items" in text and "µs" in text and text.count("why:") == 2
+    summary = _summary(captured.out)
     assert set(summary) == {"device", "mode", "verified", "throughput", "latency_us"}
     assert summary["mode"] == "queue" and summary["verified"] is True
     throughput, latency = summary["throughput"], summary["latency_us"]
@@ -40,7 +41,7 @@ def test_queue_mode_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(throughput) == {"queue", "launches"}
     assert set(latency) == {"queue_p50", "launch_p50"}
     assert all(isinstance(v, float) and v > 0 for v in [*throughput.values(), *latency.values()])
-    assert isinstance(summary["device"], str) and summary["device"] in out.splitlines()[0]
+    assert isinstance(summary["device"], str) and summary["device"] in text.splitlines()[0]
 
 
 def test_batched_mode_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -48,10 +49,19 @@ def test_batched_mode_json(capsys: pytest.CaptureFixture[str]) -> None:
         demo.main(["--items", "2000", "--latency-items", "20", "--mode", "batched", "--json"]) == 0
     )
     captured = capsys.readouterr()
-    assert "batched coarse-grain SVM" in captured.out
+    assert "batched coarse-grain SVM" in captured.err
     assert "NumPy reference: 100%" in captured.err and "batched stream" not in captured.err
     summary = _summary(captured.out)
     assert summary["mode"] == "batched" and summary["verified"] is True
+
+
+def test_without_json_the_text_goes_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--items", "200", "--latency-items", "4", "--mode", "batched", "--no-progress"]
+    assert demo.main(argv) == 0
+    captured = capsys.readouterr()
+    assert "verified: all 204 results" in captured.out and captured.err == ""
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(captured.out.strip().splitlines()[-1])
 
 
 @pytest.mark.needs("fine", "atomics")

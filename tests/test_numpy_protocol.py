@@ -1,5 +1,6 @@
 """NumPy protocol on SVM arrays: ufuncs, operators, reductions, methods, results from the
-current resource, elementwise comparisons (so unhashable), COARSE refused."""
+current resource, elementwise comparisons (so unhashable), and the one host-access rule
+for COARSE memory (mapped, as the map mode allows)."""
 
 from __future__ import annotations
 
@@ -198,3 +199,127 @@ def test_unpickling_in_a_fresh_process_uses_its_default_context(ctx, pool, tmp_p
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["SVMArray", "Policy(FINE)", "[0.0,", "1.0,", "2.0,", "3.0]"]
+
+
+# -- the one host-access rule (COARSE) -----------------------------------------------------
+
+MODES = ["r", "w", "rw", "w_invalidate"]
+READS = {"r", "rw"}
+WRITES = {"w", "rw", "w_invalidate"}
+
+
+def _coarse(ctx):
+    return sk.asarray(ctx, np.arange(4, dtype=np.float32), policy=sk.Policy.coarse())
+
+
+@pytest.mark.needs("coarse")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("how", ["host", "asarray"])
+def test_a_view_is_allowed_in_every_mode_and_writable_only_under_a_write_map(ctx, queue, mode, how):
+    a = _coarse(ctx)
+    with sk.mapped(queue, a, mode):
+        view = a.host if how == "host" else np.asarray(a)
+        assert view.flags.writeable == (mode in WRITES)
+        if mode in READS:
+            assert view.tolist() == [0, 1, 2, 3]
+        if mode in WRITES:
+            view[:] = 9
+        else:
+            with pytest.raises(ValueError, match="read-only"):
+                view[:] = 9
+    assert a.get().tolist() == ([9] * 4 if mode in WRITES else [0, 1, 2, 3])
+
+
+@pytest.mark.needs("coarse")
+@pytest.mark.parametrize("mode", MODES)
+def test_reads_follow_the_map_mode(ctx, queue, mode):
+    a = _coarse(ctx)
+    reads = {
+        "a + 1": lambda: a + 1,
+        "1 + a": lambda: 1 + a,
+        "np.sqrt(a)": lambda: np.sqrt(a),
+        "np.array(a)": lambda: np.array(a),
+        "a.sum()": lambda: a.sum(),
+        "a[1]": lambda: a[1],
+    }
+    with sk.mapped(queue, a, mode):
+        for name, read in reads.items():
+            if mode in READS:
+                got = read()
+                expected = {
+                    "a + 1": [1, 2, 3, 4],
+                    "1 + a": [1, 2, 3, 4],
+                    "np.sqrt(a)": np.sqrt(np.arange(4, dtype=np.float32)).tolist(),
+                    "np.array(a)": [0, 1, 2, 3],
+                    "a.sum()": 6.0,
+                    "a[1]": 1.0,
+                }[name]
+                if isinstance(got, sk.SVMArray):  # a COARSE result, filled while mapped
+                    assert got.policy == sk.Policy.coarse(), name
+                    got = got.get()
+                assert np.asarray(got).tolist() == expected, name
+            else:
+                with pytest.raises(sk.MapStateError, match=r'host read .*mode "r" or "rw"'):
+                    read()
+    assert a.get().tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.needs("coarse")
+@pytest.mark.parametrize("mode", MODES)
+def test_writes_follow_the_map_mode(ctx, queue, mode):
+    a = _coarse(ctx)
+    x, y = np.full(4, 2, np.float32), np.full(4, 3, np.float32)
+    with sk.mapped(queue, a, mode):
+        if mode in WRITES:
+            assert np.add(x, y, out=a) is a
+            a[0] = 7
+        else:
+            with pytest.raises(sk.MapStateError, match=r"host write .*\"w\", \"rw\""):
+                np.add(x, y, out=a)
+            with pytest.raises(sk.MapStateError, match="host write"):
+                a[0] = 7
+    assert a.get().tolist() == ([7, 5, 5, 5] if mode in WRITES else [0, 1, 2, 3])
+
+
+@pytest.mark.needs("coarse")
+@pytest.mark.parametrize("mode", MODES)
+def test_an_in_place_operator_reads_and_writes_its_target(ctx, queue, mode):
+    a = _coarse(ctx)
+    with sk.mapped(queue, a, mode):
+        if mode == "rw":
+            a += 1
+            a *= 2
+        else:
+            with pytest.raises(sk.MapStateError, match=r'host read and write .*mode "rw"'):
+                a += 1
+    assert a.get().tolist() == ([2, 4, 6, 8] if mode == "rw" else [0, 1, 2, 3])
+
+
+@pytest.mark.needs("coarse")
+def test_host_access_needs_every_byte_mapped_for_it(ctx, queue):
+    a = _coarse(ctx)
+    with sk.mapped(queue, a[:2], "rw"), sk.mapped(queue, a[2:], "r"):
+        assert (a + 1).get().tolist() == [1, 2, 3, 4]  # read maps cover every byte
+        assert not a.host.flags.writeable  # a write map covers only half
+        head = a[:2]
+        head += 1  # the view's bytes are mapped "rw"
+        with pytest.raises(sk.MapStateError, match="host write"):
+            np.add(a, 1, out=a)
+    with pytest.raises(sk.MapStateError, match="host read"):
+        a + 1
+    assert a.get().tolist() == [1, 2, 2, 3]
+
+
+@pytest.mark.needs("coarse")
+@pytest.mark.parametrize("mode", MODES)
+def test_tolist_and_copy_read_on_the_host_under_a_read_map(ctx, queue, mode):
+    a = _coarse(ctx)
+    with sk.mapped(queue, a, mode):
+        if mode in READS:  # the host reads: no command on the mapped bytes
+            assert a.tolist() == [0, 1, 2, 3]
+            b = a.copy()
+            assert b.policy == sk.Policy.coarse() and b.get().tolist() == [0, 1, 2, 3]
+        else:  # the device would read bytes mapped for writing: refused
+            with pytest.raises(sk.MapStateError, match="mapped on the host for writing"):
+                a.tolist()
+    assert a.tolist() == [0, 1, 2, 3] and a.copy().get().tolist() == [0, 1, 2, 3]

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
+from _helpers import assert_quiet_exit, run_python
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -18,7 +20,7 @@ def _blocks(kind: str) -> list[str]:
 
 @pytest.mark.skipif(not README.is_file(), reason="README.md is not beside the tests")
 def test_readme_python_blocks_run_in_order():
-    namespace: dict[str, object] = {"__name__": "readme"}
+    namespace: dict[str, object] = {"__name__": "__main__"}  # as a script runs
     out = io.StringIO()
     blocks = _blocks("python")
     assert len(blocks) >= 3
@@ -55,3 +57,25 @@ def test_readme_has_exactly_the_two_marked_commands():
         assert text.count(marker) == 1
         after = text.split(marker, 1)[1].lstrip()
         assert after.startswith("```bash\npython3 -m venv .venv && . .venv/bin/activate")
+
+
+@pytest.mark.skipif(not README.is_file(), reason="README.md is not beside the tests")
+def test_readme_dask_block_runs_as_a_script():
+    pytest.importorskip("distributed")
+    section = README.read_text().split("## svmkit on Dask", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert 'if __name__ == "__main__":' in block
+    # Saved as a file and run with `python`: Dask's worker processes start with spawn and
+    # import the file again.  Dask's scratch space goes to the same temporary directory,
+    # removed afterwards with the script.
+    with tempfile.TemporaryDirectory() as scratch:
+        script = Path(scratch) / "readme_dask.py"
+        script.write_text(block)
+        proc = run_python(
+            args=[str(script)],
+            env={"DASK_TEMPORARY_DIRECTORY": scratch, "PYOPENCL_CTX": None},
+            cwd=scratch,
+        )
+    assert_quiet_exit(proc)
+    assert "matches NumPy: True\n" in proc.stdout
+    assert "16 pooled allocations\n" in proc.stdout  # two per chunk, from the workers' pools

@@ -29,6 +29,7 @@ __all__ = [
     "compiler_failure",
     "create_context",
     "device_label",
+    "inventory",
     "opencl_c_versions",
 ]
 
@@ -292,18 +293,42 @@ def _svm_devices(device_type: Any = None) -> tuple[list[cl.Device], list[str]]:
     return gpus + others, found
 
 
+def inventory() -> str:
+    """One line naming every platform and its devices with their indices (as
+    ``PYOPENCL_CTX`` takes them), each device whose compiler fails marked so, or saying
+    there is none."""
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:
+        return "no OpenCL platform"
+    parts = []
+    for p_index, platform in enumerate(platforms):
+        try:
+            names = []
+            for i, device in enumerate(platform.get_devices()):
+                failure = compiler_failure(device)
+                note = "" if failure is None else f" (its compiler fails: {failure})"
+                names.append(f"{i}: {device.name.strip()}{note}")
+            devices = ", ".join(names) or "no devices"
+        except cl.Error as exc:
+            devices = f"error {exc}"
+        parts.append(f"platform {p_index}: {platform.name.strip()} [{devices}]")
+    return "; ".join(parts) or "no OpenCL platform"
+
+
 def create_context(*, device_type: Any = None) -> cl.Context:
     """A context on one SVM-capable device, or as ``PYOPENCL_CTX`` says.
 
-    Honours ``PYOPENCL_CTX`` exactly as PyOpenCL does.  Otherwise: the first device that
-    supports SVM, GPUs before other devices, platforms in the ICD loader's order, passing
-    over a device whose OpenCL C compiler cannot build a trivial kernel
-    (:func:`compiler_failure`; logged as a warning).
+    Honours ``PYOPENCL_CTX`` as PyOpenCL does (``platform[:device]``, by index or by
+    part of the name).  Otherwise: the first device that supports SVM, GPUs before other
+    devices, platforms in the ICD loader's order, passing over a device whose OpenCL C
+    compiler cannot build a trivial kernel (:func:`compiler_failure`; logged as a warning).
 
     Raises
     ------
     UnsupportedError
-        No usable device with SVM was found; the message lists what was found.
+        No usable device with SVM was found; a ``PYOPENCL_CTX`` that selects nothing, or
+        a device whose compiler fails.  The message lists what was found.
     """
     try:
         return _create_context(device_type)
@@ -317,9 +342,32 @@ def create_context(*, device_type: Any = None) -> cl.Context:
         ) from exc
 
 
+def _selected_context(spec: str) -> cl.Context:
+    """The context ``PYOPENCL_CTX=spec`` selects (PyOpenCL's own rules), on devices whose
+    compiler works; else :class:`~svmkit.UnsupportedError` listing what exists."""
+    try:
+        devices = cl.choose_devices(interactive=False)
+    except cl.Error as exc:
+        if fork.forked:
+            raise
+        raise UnsupportedError(
+            f"PYOPENCL_CTX={spec!r} selects no device ({exc}); found: {inventory()}"
+        ) from None
+    for device in devices:
+        failure = compiler_failure(device)
+        if failure is not None:
+            raise UnsupportedError(
+                f"PYOPENCL_CTX={spec!r} selects {device_label(device)}, whose OpenCL C "
+                f"compiler fails ({failure}): every kernel build would fail; select "
+                f"another device or unset PYOPENCL_CTX; found: {inventory()}"
+            )
+    return cl.Context(devices)
+
+
 def _create_context(device_type: Any) -> cl.Context:
-    if os.environ.get("PYOPENCL_CTX"):
-        ctx = cl.create_some_context(interactive=False)
+    spec = os.environ.get("PYOPENCL_CTX")
+    if spec:
+        ctx = _selected_context(spec)
         check_context_layout(ctx)
         return ctx
     devices, found = _svm_devices(device_type)

@@ -88,8 +88,10 @@ def mapped(
     COARSE: a blocking ``clEnqueueSVMMap`` on entry, after ``wait_for`` and every command
     svmkit recorded on the array; ``clEnqueueSVMUnmap`` on exit (also when the block
     raises), waited for, so the host's writes are visible to later commands.  While open,
-    ``a.host`` works and svmkit commands that would touch the mapped bytes raise
-    :class:`~svmkit.MapStateError`.  FINE/SYSTEM: enqueues nothing, only waits.
+    ``a.host`` works (read-only under ``"r"``), the NumPy protocol reads under ``"r"`` and
+    ``"rw"`` and writes under ``"w"``, ``"rw"`` and ``"w_invalidate"``, and svmkit commands
+    that would touch the mapped bytes raise :class:`~svmkit.MapStateError`.  FINE/SYSTEM:
+    enqueues nothing, only waits.
     """
     if not isinstance(a, SVMArray):
         raise InvalidValueError(f"mapped() maps an SVMArray, got {type(a).__name__}")
@@ -137,11 +139,12 @@ class Mapping:
             self._open = True
             return view
         lo, hi = a._span()
-        writes = self._flags != _READ
+        flags = self._flags
+        writes = flags != _READ
         state = map_state_of(alloc)
         with state.lock:
             self._map(state, alloc, lo, hi, writes)
-            self._entry = state.open(lo, hi, writes)
+            self._entry = state.open(lo, hi, writes, bool(flags & _READ))
         self._open = True
         return view
 

@@ -153,6 +153,19 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         return self._view.strides
 
     @property
+    def flags(self) -> Any:
+        """Not NumPy's ``flags``: a ``TypeError`` naming ``a.to_cl_array()`` and ``a.get()``.
+
+        ``pyopencl.array.to_device(queue, a)`` copies host arrays (it reads ``.flags``)
+        and would read SVM behind svmkit's back; ``hasattr(a, "flags")`` stays False.
+        """
+        raise _NotAHostArray(
+            f"an {self._describe()} is no NumPy array: for a pyopencl.array.Array over the "
+            "same memory use a.to_cl_array(queue) (zero-copy), for a copy "
+            "pyopencl.array.to_device(queue, a.get())"
+        )
+
+    @property
     def policy(self) -> Policy:
         return self._alloc.policy
 
@@ -249,8 +262,9 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
             check_command(alloc, lo, hi, writes, what)
 
     def _describe(self) -> str:
-        kind = "view" if self.base is not None else "array"
-        return f"SVMArray {kind} shape={self.shape} dtype={self.dtype}"
+        """``SVMArray shape=... dtype=...`` (``SVMArray view ...`` for a view), for errors."""
+        kind = "SVMArray view" if self.base is not None else "SVMArray"
+        return f"{kind} shape={self.shape} dtype={self.dtype}"
 
     def record(self, event: cl.Event) -> None:
         """Record that ``event`` uses this array's memory (``free`` and pools wait for it)."""
@@ -261,19 +275,29 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         return self._alloc.events.pending()
 
     # -- host access ---------------------------------------------------------------------
-    def _check_host_access(self) -> None:
+    def _check_host_access(self, reads: bool = False, writes: bool = False) -> bool:
+        """The host-access rule, for every way the host touches the memory (``.host``,
+        ``np.asarray``, the NumPy protocol, item access); returns whether the host may
+        write through a view of it.
+
+        FINE and SYSTEM memory is host memory: always (spec: the host may access
+        fine-grain buffer and system SVM at any time).  COARSE memory only between
+        ``clEnqueueSVMMap`` and its unmap, and only for the access the map flags allow:
+        ``reads`` needs maps in mode ``"r"`` or ``"rw"`` over every byte, ``writes`` maps
+        in mode ``"w"``, ``"rw"`` or ``"w_invalidate"``, a view (neither) any map; the
+        view is writable while write maps cover every byte.  Else
+        :class:`~svmkit.MapStateError`, naming ``svmkit.mapped`` and the mode.
+        """
         alloc = self._live()
         if not alloc.policy.needs_map:
-            return
+            return True
+        lo, hi = self._span()
+        if lo >= hi:  # a zero-byte array touches no memory (`mapped` registers no map)
+            return True
         state = alloc.map_state
-        lo, hi = self.byte_range()
-        # A zero-byte array touches no memory (and `mapped` registers no map for it).
-        if lo < hi and (state is None or not state.covers(lo, hi)):
-            raise MapStateError(
-                f"host access to a coarse-grain {self._describe()} outside a map: the spec "
-                "lets the host touch coarse-grain SVM only while it is mapped; use "
-                "`with svmkit.mapped(queue, a) as h:` or a.get()/a.set()"
-            )
+        if state is None or not state.covers(lo, hi, reads, writes):
+            raise _host_access_error(self._describe(), reads, writes)
+        return writes or state.covers(lo, hi, False, True)
 
     @property
     def host(self) -> np.ndarray[Any, Any]:
@@ -282,11 +306,14 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         FINE and SYSTEM: an *export* (:mod:`svmkit.resources.exports`): the view, and every
         view of it, keeps the memory alive after ``free()``.  COARSE: valid only inside
         the ``mapped`` block (the spec gives the host no access to unmapped coarse-grain
-        memory); svmkit cannot stop a write through one kept past the block.
+        memory), read-only unless maps for writing cover it (``"w"``, ``"rw"``,
+        ``"w_invalidate"``); svmkit cannot stop a write through one kept past the block.
         """
-        self._check_host_access()
+        writable = self._check_host_access()
         if self._alloc.policy.needs_map:
             view: np.ndarray[Any, Any] = self._view.view()
+            if not writable:
+                view.flags.writeable = False
             return view
         return host_export(self._alloc, self._view, self._offset)
 
@@ -298,17 +325,17 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
     def __getitem__(self, key: Any) -> Any:
         self._live()
         if not _is_basic_key(key):
-            self._check_host_access()
+            self._check_host_access(reads=True)
             return self._view[key]  # advanced indexing copies, as in NumPy
         items = key if isinstance(key, tuple) else (key,)
         view = self._view[tuple(items) + (Ellipsis,)]
         if view.ndim == 0 and not any(k is Ellipsis or k is None for k in items):
-            self._check_host_access()
+            self._check_host_access(reads=True)
             return view[()]
         return SVMArray(self._alloc, view, self.base if self.base is not None else self)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._check_host_access()
+        self._check_host_access(writes=True)
         self._view[key] = value
 
     def __len__(self) -> int:
@@ -653,6 +680,28 @@ def _adopt_operators(cls: type) -> None:
 
 
 _adopt_operators(SVMArray)
+
+
+class _NotAHostArray(TypeError, AttributeError):
+    """A ``TypeError`` that ``hasattr`` reads as a missing attribute (see ``SVMArray.flags``)."""
+
+
+def _host_access_error(what: str, reads: bool, writes: bool) -> MapStateError:
+    """The error of :meth:`SVMArray._check_host_access` for ``what`` (an array or view)."""
+    if reads and writes:
+        access, modes = "read and write", '"rw"'
+    elif reads:
+        access, modes = "read", '"r" or "rw"'
+    elif writes:
+        access, modes = "write", '"w", "rw" or "w_invalidate"'
+    else:
+        access, modes = "access", "any mode"
+    return MapStateError(
+        f"host {access} of a coarse-grain {what} outside a map that allows it: the spec "
+        "lets the host touch coarse-grain SVM only while it is mapped, and only as the map "
+        f"flags allow; use `with svmkit.mapped(queue, a, mode) as h:` (mode {modes}) "
+        "or a.get()/a.set()"
+    )
 
 
 class _Once:

@@ -180,7 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
-    ap.add_argument("--json", action="store_true", help="end with one JSON summary object")
+    ap.add_argument(
+        "--json",
+        action="store_true",
+        help="write only one JSON summary object to stdout (the text goes to stderr)",
+    )
     return ap
 
 
@@ -514,6 +518,11 @@ def _verify(
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Run the demo: text to ``out``, progress to ``err``; with ``--json`` the text goes to
+    ``err`` too and ``out`` gets only the summary object (``| python -m json.tool``)."""
+    summary_out = out
+    if args.json:
+        out = err
     ctx = create_context()
     queue = calls.new_queue(ctx)
     caps = capabilities(ctx)
@@ -551,7 +560,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     verified = _verify(m, reference, light_ref, starts, out)
     summary = _report(m, args, mode, device, verified, out)
     if args.json:
-        out.write(json.dumps(summary) + "\n")
+        summary_out.write(json.dumps(summary) + "\n")
     return 0 if verified else 1
 
 

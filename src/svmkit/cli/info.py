@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import platform as _platform
+from importlib.machinery import EXTENSION_SUFFIXES
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from svmkit.capabilities import (
     capabilities,
     compiler_failure,
     create_context,
+    inventory,
     opencl_c_versions,
 )
 from svmkit.policy import Policy
@@ -86,16 +88,20 @@ def versions() -> dict[str, str]:
 
 
 def backends() -> dict[str, str]:
-    """Which implementation serves each hot path: the pools and the operations (Python over
+    """Which implementation serves each hot path: the pools (their size classes, block
+    cache and counters are C, :mod:`svmkit.resources._cpool`), the operations (Python over
     PyOpenCL's entry points) and the work queue's host ring (C when it was built, else
     Python: ``SVMKIT_HOSTATOMICS=python`` forces it)."""
+    from svmkit.resources import _cpool
     from svmkit.workqueue.ring import ring_class
 
+    native = any(str(_cpool.__file__).endswith(s) for s in EXTENSION_SUFFIXES)
+    pools = f"C ({_cpool.__name__})" if native else "Python"
     try:
         ring = "C" if ring_class().__module__.endswith("_cring") else "Python"
     except Exception as exc:  # (a forced backend that is missing: say so, do not fail)
         ring = f"unavailable ({exc})"
-    return {"pools": "Python", "operations": "Python (PyOpenCL entry points)", "ring": ring}
+    return {"pools": pools, "operations": "Python (PyOpenCL entry points)", "ring": ring}
 
 
 def _selected() -> tuple[cl.Device | None, str | None]:
@@ -146,24 +152,6 @@ def collect() -> dict[str, Any]:
                 report["selected"] = {"platform": p_index, "device": d_index}
         report["platforms"].append(pentry)
     return report
-
-
-def inventory() -> str:
-    """One line naming every platform and its devices with their indices (as
-    ``PYOPENCL_CTX`` takes them), or saying there is none."""
-    try:
-        platforms = cl.get_platforms()
-    except cl.Error:
-        return "no OpenCL platform"
-    parts = []
-    for p_index, platform in enumerate(platforms):
-        try:
-            names = [d.name.strip() for d in platform.get_devices()]
-            devices = ", ".join(f"{i}: {name}" for i, name in enumerate(names)) or "no devices"
-        except cl.Error as exc:
-            devices = f"error {exc}"
-        parts.append(f"platform {p_index}: {platform.name.strip()} [{devices}]")
-    return "; ".join(parts) or "no OpenCL platform"
 
 
 def _yes(value: Any) -> str:
@@ -238,7 +226,8 @@ def render_table(report: dict[str, Any]) -> str:
             if dev.get("compiler_error"):
                 lines.append(
                     f"  {d_index}: the compiler fails ({dev['compiler_error']}); "
-                    "sk.create_context() passes over this device"
+                    "sk.create_context() passes over this device (and refuses it when "
+                    "PYOPENCL_CTX selects it)"
                 )
         lines.append("")
     if report.get("platforms"):

@@ -28,8 +28,21 @@ DEMOS: dict[str, str] = {
     "dask": "svmkit.dask.demo",
 }
 
+#: What each demo shows (``svmkit demo`` alone lists them).
+DEMO_SUMMARIES: dict[str, str] = {
+    "workqueue": "host threads feed a running kernel through a work queue",
+    "dask": "a kernel and a reduction over a chunked array on a local Dask cluster",
+}
+
 #: Benchmark scripts of ``svmkit bench NAME`` (``benchmarks/NAME.py`` of a source checkout).
 BENCHMARKS = ("ops", "pools", "workqueue")
+
+#: What each benchmark measures (``svmkit bench`` alone lists them).
+BENCHMARK_SUMMARIES: dict[str, str] = {
+    "ops": "operations against raw PyOpenCL and NumPy: per-call cost and bandwidth",
+    "pools": "pooled SVM allocation: median time per allocation and free",
+    "workqueue": "work-queue throughput and latency against one launch per batch",
+}
 
 #: The exit status of an interrupted command (128 + SIGINT, as shells report it).
 EXIT_INTERRUPTED = 130
@@ -39,6 +52,8 @@ OpenCL Shared Virtual Memory made practical.
 
   svmkit info               what SVM every OpenCL platform and device offers
   svmkit demo workqueue     host threads feed a running kernel through a work queue
+  svmkit demo dask          a kernel and a reduction on a local Dask cluster
+  svmkit demo / bench       list the demos / the benchmarks
   svmkit bench NAME         run benchmarks/NAME.py of a source checkout
 
 PYOPENCL_CTX selects the device, as in PyOpenCL.
@@ -57,8 +72,6 @@ def _opencl_problem() -> str | None:
     """Why no device can be opened (no platform, a ``PYOPENCL_CTX`` that selects nothing)."""
     import pyopencl as cl
 
-    from svmkit.cli.info import inventory
-
     try:
         platforms = cl.get_platforms()
     except cl.Error:  # the ICD loader's CL_PLATFORM_NOT_FOUND_KHR
@@ -69,12 +82,14 @@ def _opencl_problem() -> str | None:
             f"(OCL_ICD_VENDORS={os.environ.get('OCL_ICD_VENDORS', '/etc/OpenCL/vendors')}); "
             "install a driver, such as svmkit's [cpu] extra"
         )
-    spec = os.environ.get("PYOPENCL_CTX")
-    if spec:
-        try:
-            cl.choose_devices(interactive=False)
-        except Exception as exc:
-            return f"PYOPENCL_CTX={spec!r} selects no device ({exc}); found: {inventory()}"
+    if os.environ.get("PYOPENCL_CTX"):
+        from svmkit.capabilities import create_context
+        from svmkit.errors import UnsupportedError
+
+        try:  # a selection that matches nothing, or a device whose compiler fails
+            create_context()
+        except UnsupportedError as exc:
+            return str(exc)
     return None
 
 
@@ -103,7 +118,19 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _choices(command: str, summaries: dict[str, str]) -> int:
+    """``svmkit demo`` or ``svmkit bench`` without a name: list what it runs."""
+    width = max(len(name) for name in summaries)
+    sys.stdout.write(f"usage: svmkit {command} NAME [options]   (svmkit {command} NAME --help)\n")
+    sys.stdout.write(f"{'demos' if command == 'demo' else 'benchmarks'}:\n")
+    for name, summary in summaries.items():
+        sys.stdout.write(f"  {name.ljust(width)}  {summary}\n")
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
+    if args.demo is None:
+        return _choices("demo", DEMO_SUMMARIES)
     module_name = DEMOS[args.demo]
     try:
         module = importlib.import_module(module_name)
@@ -127,6 +154,8 @@ def _bench(args: argparse.Namespace) -> int:
     import runpy
     from pathlib import Path
 
+    if args.which is None:
+        return _choices("bench", BENCHMARK_SUMMARIES)
     script = Path.cwd() / "benchmarks" / f"{args.which}.py"
     if not script.is_file():
         raise CommandError(f"{script} not found (run from a source checkout)", status=2)
@@ -154,14 +183,14 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.set_defaults(run=_info)
     demo = sub.add_parser("demo", help="bundled demos")
-    demo.add_argument("demo", choices=sorted(DEMOS), help="which demo")
+    demo.add_argument("demo", nargs="?", choices=sorted(DEMOS), help="which demo")
     demo.add_argument("demo_args", nargs=argparse.REMAINDER, help="the demo's own options")
     demo.set_defaults(run=_demo)
     bench = sub.add_parser(
         "bench",
         help="run a benchmark script from benchmarks/ (RESULTS.md is rewritten only with --write)",
     )
-    bench.add_argument("which", choices=BENCHMARKS, help="which benchmark")
+    bench.add_argument("which", nargs="?", choices=BENCHMARKS, help="which benchmark")
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="the script's own options")
     bench.set_defaults(run=_bench)
     return parser

@@ -6,13 +6,24 @@ A ``distributed.LocalCluster`` of worker processes gets :class:`SVMWorkerPlugin`
 chunk completed, then each worker's pool statistics (blocks reused from the cache), and
 the result is checked against NumPy on the same data.  The exit code is non-zero on any
 mismatch.
+
+Ctrl-C: a terminal sends SIGINT to every process of the foreground group, worker processes
+included, and each would print its own traceback.  The workers are therefore started with
+SIGINT ignored (an ignored signal stays ignored across ``exec``, so the spawned interpreters
+inherit it), and only the demo's process reacts: it quiets Dask's logging and shuts the
+cluster down, and ``svmkit demo`` reports one line (exit status 130).  The demo's process
+ignores SIGINT too while the workers start (a second or two): a Ctrl-C then is lost.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,6 +57,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check(name: str, value: int, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidValueError(f"--{name} must be an integer >= {minimum}, got {value!r}")
+
+
+@contextlib.contextmanager
+def _interrupts_ignored() -> Iterator[None]:
+    """SIGINT ignored while the block runs (in the main thread; elsewhere a no-op), so the
+    worker processes started in it never see a Ctrl-C meant for the demo."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _quiet_dask() -> None:
+    """After Ctrl-C, in the demo's process and each worker: no warnings from Dask while the
+    cluster shuts down (tasks cancelled, workers stopped), the expected end of an
+    interrupted run."""
+    for name in ("distributed", "tornado", "asyncio"):
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
 def run_demo(
@@ -83,36 +116,41 @@ def run_demo(
         f"{workers} worker process(es) x {threads} thread(s)"
     )
     start = time.perf_counter()
-    with (
-        LocalCluster(
+    with _interrupts_ignored():  # the worker processes start here
+        cluster = LocalCluster(
             n_workers=workers,
             threads_per_worker=threads,
             processes=True,
             dashboard_address=":0",
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        client.register_plugin(SVMWorkerPlugin())
-        write(f"cluster up in {time.perf_counter() - start:.1f} s: {cluster.scheduler_address}")
-        x = da.random.default_rng(seed).random(n, chunks=chunk, dtype=np.float32).persist()
-        t0 = time.perf_counter()
-        y = map_kernel(x, SOURCE, "axpb", A, B).persist()
-        parts = futures_of(y)
-        step = max(1, len(parts) // 8)
-        for done, _ in enumerate(as_completed(parts), 1):
-            if done % step == 0 or done == len(parts):
-                write(f"  kernel: {done}/{len(parts)} chunks done")
-        total = float(y.sum(dtype=np.float64).compute())
-        seconds = time.perf_counter() - t0
-        write(f"kernel + sum: {seconds:.2f} s ({mb / seconds:.0f} MB/s)")
-        for address, stats in sorted(worker_stats(client).items()):
-            write(
-                f"  {address}: {stats.get('total_allocations', 0)} allocations, "
-                f"{stats.get('upstream_allocations', 0)} from the driver, "
-                f"{stats.get('cached_bytes', 0) / 2**20:.1f} MiB cached"
-            )
-        host_x = x.compute()
-        got = y.compute()
+        )
+    with cluster, Client(cluster) as client:
+        try:
+            client.register_plugin(SVMWorkerPlugin())
+            write(f"cluster up in {time.perf_counter() - start:.1f} s: {cluster.scheduler_address}")
+            x = da.random.default_rng(seed).random(n, chunks=chunk, dtype=np.float32).persist()
+            t0 = time.perf_counter()
+            y = map_kernel(x, SOURCE, "axpb", A, B).persist()
+            parts = futures_of(y)
+            step = max(1, len(parts) // 8)
+            for done, _ in enumerate(as_completed(parts), 1):
+                if done % step == 0 or done == len(parts):
+                    write(f"  kernel: {done}/{len(parts)} chunks done")
+            total = float(y.sum(dtype=np.float64).compute())
+            seconds = time.perf_counter() - t0
+            write(f"kernel + sum: {seconds:.2f} s ({mb / seconds:.0f} MB/s)")
+            for address, stats in sorted(worker_stats(client).items()):
+                write(
+                    f"  {address}: {stats.get('total_allocations', 0)} allocations, "
+                    f"{stats.get('upstream_allocations', 0)} from the driver, "
+                    f"{stats.get('cached_bytes', 0) / 2**20:.1f} MiB cached"
+                )
+            host_x = x.compute()
+            got = y.compute()
+        except KeyboardInterrupt:
+            _quiet_dask()
+            with contextlib.suppress(Exception):  # the workers too, where they still answer
+                client.run(_quiet_dask)
+            raise
     expected = A * host_x + np.float32(B)
     same = bool(np.allclose(got, expected, rtol=TOLERANCE, atol=TOLERANCE))
     expected_total = float(expected.sum(dtype=np.float64))

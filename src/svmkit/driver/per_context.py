@@ -6,11 +6,13 @@ import itertools
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import pyopencl as cl
 
-__all__ = ["PerContext", "canonical_context"]
+from svmkit.errors import InvalidContextError
+
+__all__ = ["PerContext", "canonical_context", "check_context"]
 
 T = TypeVar("T")
 
@@ -32,11 +34,13 @@ class PerContext(Generic[T]):
         self._attribute = f"_svmkit_per_context_{next(_instances)}"
 
     def get(self, context: cl.Context) -> T:
-        """The value for ``context``, made on first use."""
+        """The value for ``context``, made on first use (not a ``Context``:
+        :class:`~svmkit.InvalidContextError`, see :func:`check_context`)."""
         try:
             return getattr(context, self._attribute)  # type: ignore[no-any-return]
         except AttributeError:
             pass
+        check_context(context)  # (off the hot path: a context seen before has the attribute)
         try:
             value = self._values[context]
         except KeyError:
@@ -57,6 +61,17 @@ class PerContext(Generic[T]):
 
 
 _instances = itertools.count()
+
+
+def check_context(context: Any, name: str = "ctx") -> None:
+    """:class:`~svmkit.InvalidContextError` unless ``context`` is a ``pyopencl.Context``
+    (spec: ``CL_INVALID_CONTEXT`` if context is not a valid context)."""
+    if not isinstance(context, cl.Context):
+        kind = "" if context is None else f" ({type(context).__name__})"
+        raise InvalidContextError(
+            f"{name} must be a pyopencl.Context (such as svmkit.create_context()), got "
+            f"{context!r}{kind}"
+        )
 
 
 _canonical: weakref.WeakValueDictionary[int, cl.Context] = weakref.WeakValueDictionary()

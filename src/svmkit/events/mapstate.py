@@ -8,7 +8,8 @@ every command can ask, in O(1), whether it may touch a byte range.
 Two layers are kept apart:
 
 * the *open maps*: one :class:`OpenMap` per ``svmkit.mapped`` block (they nest and
-  overlap); ``SVMArray.host`` is allowed while they cover every byte of the array;
+  overlap), each with the host access its mode allows; the host may touch an array's
+  bytes while maps allowing that access cover every one of them (:meth:`MapState.covers`);
 * the *driver map*: the one ``clEnqueueSVMMap`` region open in the driver, the union of
   the open maps (NVIDIA's OpenCL fails the second of two unmaps in one allocation, so
   svmkit never holds two).  Commands are checked against it, since that is what the
@@ -31,11 +32,14 @@ __all__ = ["DriverMap", "MapState", "OpenMap"]
 
 @dataclass(eq=False)
 class OpenMap:
-    """One open host map of bytes ``[start, stop)`` of an allocation."""
+    """One open host map of bytes ``[start, stop)`` of an allocation: whether its mode
+    lets the host read (``"r"``, ``"rw"``) and write (``"w"``, ``"rw"``,
+    ``"w_invalidate"``) them."""
 
     start: int
     stop: int
     writes: bool
+    reads: bool = True
 
 
 @dataclass(eq=False)
@@ -69,9 +73,9 @@ class MapState:
         self.deferred_free: Callable[[], None] | None = None
 
     # -- open maps -----------------------------------------------------------------------
-    def open(self, start: int, stop: int, writes: bool) -> OpenMap:
+    def open(self, start: int, stop: int, writes: bool, reads: bool = True) -> OpenMap:
         """Register a map of ``[start, stop)``."""
-        entry = OpenMap(start, stop, writes)
+        entry = OpenMap(start, stop, writes, reads)
         with self.lock:
             self.maps.append(entry)
         return entry
@@ -81,13 +85,19 @@ class MapState:
         with self.lock:
             self.maps.remove(entry)
 
-    def covers(self, start: int, stop: int) -> bool:
-        """Whether open maps together cover every byte of ``[start, stop)``."""
+    def covers(self, start: int, stop: int, reads: bool = False, writes: bool = False) -> bool:
+        """Whether open maps together cover every byte of ``[start, stop)``; with ``reads``
+        (``writes``) only maps whose mode lets the host read (write) count."""
         if start >= stop:
             return True
         with self.lock:
             spans = sorted(
-                (m.start, m.stop) for m in self.maps if m.stop > start and m.start < stop
+                (m.start, m.stop)
+                for m in self.maps
+                if m.stop > start
+                and m.start < stop
+                and (m.reads or not reads)
+                and (m.writes or not writes)
             )
         reach = start
         for lo, hi in spans:

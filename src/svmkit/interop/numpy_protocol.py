@@ -12,13 +12,16 @@ memory outside a map: such operands raise :class:`~svmkit.MapStateError`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from svmkit.arrays.creation import _new
+from svmkit.driver import fork
 from svmkit.errors import MapStateError
 from svmkit.events import wait_pending
+from svmkit.mapping import mapped
 from svmkit.resources.current import current_resource
 
 if TYPE_CHECKING:
@@ -45,40 +48,46 @@ def _svm_array_type() -> type[SVMArray]:
     return SVMArray
 
 
-def operand(a: SVMArray, what: str = "NumPy") -> np.ndarray[Any, Any]:
+def operand(a: SVMArray, reads: bool = True, writes: bool = False) -> np.ndarray[Any, Any]:
     """The array's own view for NumPy to compute on, after its recorded commands.
 
-    Raises :class:`~svmkit.UseAfterFreeError` after ``free()`` and
-    :class:`~svmkit.MapStateError` for COARSE memory.
+    ``reads``/``writes``: how NumPy touches it (an input is read; ``out=`` written).
+    Raises :class:`~svmkit.UseAfterFreeError` after ``free()`` and, for COARSE memory
+    not mapped for that access, :class:`~svmkit.MapStateError` (the host-access rule,
+    ``SVMArray._check_host_access``).
     """
-    alloc = a._live()
-    if alloc.policy.needs_map:
-        raise MapStateError(
-            f"{what} on a coarse-grain {a._describe()}: the spec lets the host touch "
-            "coarse-grain SVM only while it is mapped; compute on the view that "
-            "`with svmkit.mapped(queue, a) as h:` yields, or on a.get()"
-        )
+    alloc = a._alloc
+    if alloc.freed or fork.forked or alloc.policy.needs_map:
+        a._check_host_access(reads, writes)  # (live, of this process, mapped for it)
     record = alloc._events
     if record:
         wait_pending(record.pending())
     return a._view
 
 
+def _fill(out: SVMArray, compute: Callable[[np.ndarray[Any, Any]], Any]) -> SVMArray:
+    """Run ``compute(view)`` to write a new result array: on its memory (FINE, SYSTEM), or
+    on the view of a ``"w_invalidate"`` map of it (COARSE: the host writes coarse-grain
+    SVM only while it is mapped)."""
+    if not out._alloc.policy.needs_map:
+        compute(out._view)
+        return out
+    with mapped(None, out, "w_invalidate") as view:
+        compute(view)
+    return out
+
+
 def array_of(a: SVMArray, dtype: Any = None, copy: bool | None = None) -> np.ndarray[Any, Any]:
     """``a.__array__(dtype, copy)`` with NumPy 2's ``copy=`` rules.
 
-    ``copy=True``: a new NumPy array (after recorded work).  ``None``: the memory itself
-    (an export, see :mod:`svmkit.resources.exports`) unless ``dtype`` needs a cast.
-    ``False``: the memory itself, or ``ValueError`` when a cast is needed.  COARSE
-    outside ``mapped``: :class:`~svmkit.MapStateError`.
+    ``copy=True``: a new NumPy array (after recorded work; a read).  ``None``: the memory
+    itself (an export, see :mod:`svmkit.resources.exports`; ``a.host``) unless ``dtype``
+    needs a cast.  ``False``: the memory itself, or ``ValueError`` when a cast is needed.
+    COARSE: the host-access rule of ``a.host`` (``MapStateError`` outside ``mapped``).
     """
-    a._check_host_access()
     want = None if dtype is None else np.dtype(dtype)
     if copy:
-        alloc = a._alloc
-        if not alloc.policy.needs_map:
-            wait_pending(alloc.events.pending())
-        return np.array(a._view, dtype=want, copy=True)
+        return np.array(operand(a), dtype=want, copy=True)
     view = a.host
     if want is None or want == view.dtype:
         return view
@@ -101,8 +110,7 @@ def to_svm(first: SVMArray, value: Any) -> Any:
         if value.ndim == 0:
             return value[()]
         out = _new_like(first, value.shape, value.dtype)
-        np.copyto(out._view, value)
-        return out
+        return _fill(out, lambda view: np.copyto(view, value))
     if isinstance(value, tuple):
         return tuple(to_svm(first, v) for v in value)
     return value
@@ -140,8 +148,9 @@ def binary(ufunc: np.ufunc, a: SVMArray, other: Any, reflected: bool = False) ->
     without NumPy's override dispatch: the fast path of the operators."""
     svm = type(a)
     alloc = a._alloc
-    if alloc.freed or alloc.policy.needs_map:
-        operand(a)  # raises the right error
+    coarse = alloc.policy.needs_map
+    if coarse or alloc.freed:
+        a._check_host_access(reads=True)  # raises the right error
     record = alloc._events
     if record:
         wait_pending(record.pending())
@@ -164,6 +173,10 @@ def binary(ufunc: np.ufunc, a: SVMArray, other: Any, reflected: bool = False) ->
     else:
         shape = np.broadcast_shapes(x.shape, y.shape)
     out = _new(current_resource(alloc.context, alloc.policy), shape, dtypes[0], 0)
+    if coarse:
+        if reflected:
+            return _fill(out, lambda view: ufunc(y, x, out=view))
+        return _fill(out, lambda view: ufunc(x, y, out=view))
     if reflected:
         ufunc(y, x, out=out._view)
     else:
@@ -172,22 +185,25 @@ def binary(ufunc: np.ufunc, a: SVMArray, other: Any, reflected: bool = False) ->
 
 
 def inplace(ufunc: np.ufunc, a: SVMArray, other: Any) -> SVMArray:
-    """``a <op>= other``: NumPy writes the result into ``a``'s memory."""
-    x = operand(a)
+    """``a <op>= other``: NumPy reads ``a`` and writes the result into its memory."""
+    x = operand(a, writes=True)
     y = operand(other) if isinstance(other, _svm_array_type()) else other
     ufunc(x, y, out=x)
     return a
 
 
-def _unwrap(values: Any, svm: type[SVMArray]) -> tuple[list[Any], SVMArray | None, bool]:
-    """Operands for NumPy, the first SVMArray among them, and whether all are known."""
+def _unwrap(
+    values: Any, svm: type[SVMArray], writes: bool = False
+) -> tuple[list[Any], SVMArray | None, bool]:
+    """Operands for NumPy (read, or written when ``writes``: ``out=``), the first SVMArray
+    among them, and whether all are known."""
     out: list[Any] = []
     first: SVMArray | None = None
     known = True
     for v in values:
         if isinstance(v, svm):
             first = first or v
-            out.append(operand(v))
+            out.append(operand(v, not writes, writes))
         else:
             if hasattr(v, "__array_ufunc__") and not isinstance(v, (np.ndarray, np.generic)):
                 known = False  # another array type: let it (or NumPy) decide
@@ -203,7 +219,7 @@ def array_ufunc(a: SVMArray, ufunc: np.ufunc, method: str, inputs: Any, kwargs: 
         return NotImplemented
     out = kwargs.get("out")
     if out is not None:
-        outs, out_first, known = _unwrap(out, svm)
+        outs, out_first, known = _unwrap(out, svm, writes=True)
         if not known:
             return NotImplemented
         first = first or out_first
@@ -222,6 +238,8 @@ def array_ufunc(a: SVMArray, ufunc: np.ufunc, method: str, inputs: Any, kwargs: 
             same = all(s == shapes[0] for s in shapes)
             shape = shapes[0] if same else np.broadcast_shapes(*shapes)
             result = _new_like(first, shape, dtypes[0])
+            if result._alloc.policy.needs_map:
+                return _fill(result, lambda view: call(*args, out=view))
             call(*args, out=result._view)
             return result
     return to_svm(first, call(*args, **kwargs))
@@ -233,7 +251,7 @@ def method(a: SVMArray, name: str, *args: Any, **kwargs: Any) -> Any:
     x = operand(a)
     out = kwargs.get("out")
     if isinstance(out, _svm_array_type()):
-        kwargs["out"] = operand(out)
+        kwargs["out"] = operand(out, False, True)
         getattr(x, name)(*args, **kwargs)
         return out
     return to_svm(a, getattr(x, name)(*args, **kwargs))
@@ -247,24 +265,35 @@ def astype(a: SVMArray, dtype: Any, copy: bool = True) -> SVMArray:
     if not copy and want == x.dtype:
         return a
     out = _new_like(a, x.shape, want)
-    np.copyto(out._view, x, casting="unsafe")
-    return out
+    return _fill(out, lambda view: np.copyto(view, x, casting="unsafe"))
+
+
+def _host_readable(a: SVMArray) -> bool:
+    """Whether the host may read ``a``'s memory now (FINE, SYSTEM, or COARSE mapped for
+    reading: the host-access rule); COARSE otherwise is read by a device copy."""
+    alloc = a._live()
+    if not alloc.policy.needs_map:
+        return True
+    try:
+        a._check_host_access(reads=True)
+    except MapStateError:
+        return False
+    return True
 
 
 def copy(a: SVMArray) -> SVMArray:
     """``a.copy()``: a new SVMArray with the same contents (every granularity: COARSE
-    arrays are copied by the device, after recorded work)."""
-    alloc = a._live()
+    arrays outside a map for reading are copied by the device, after recorded work)."""
     out = _new_like(a, a.shape, a.dtype)
-    if alloc.policy.needs_map:
-        out.set(a.get())
-        return out
-    np.copyto(out._view, operand(a))
+    if _host_readable(a):
+        return _fill(out, lambda view: np.copyto(view, operand(a)))
+    out.set(a.get())
     return out
 
 
 def tolist(a: SVMArray) -> Any:
-    """``a.tolist()`` after recorded work (every granularity)."""
-    if a._live().policy.needs_map:
-        return a.get().tolist()
-    return operand(a).tolist()
+    """``a.tolist()`` after recorded work (every granularity: COARSE memory outside a map
+    for reading is read with ``a.get()``)."""
+    if _host_readable(a):
+        return operand(a).tolist()
+    return a.get().tolist()

@@ -11,7 +11,7 @@ import pyopencl as cl
 
 from svmkit.capabilities import capabilities, check_context_layout
 from svmkit.driver import calls, fork
-from svmkit.driver.per_context import PerContext, canonical_context
+from svmkit.driver.per_context import PerContext, canonical_context, check_context
 from svmkit.errors import OutOfMemoryError
 from svmkit.events import release_after
 from svmkit.policy import Granularity, Policy, check_alignment, check_size
@@ -52,6 +52,7 @@ class SVMResource(MemoryResource):
     """
 
     def __init__(self, ctx: cl.Context, policy: Policy | None = None) -> None:
+        check_context(ctx)
         if fork.forked:
             fork.check_owned(ctx, "this context")
         check_context_layout(ctx)
