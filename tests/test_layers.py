@@ -86,18 +86,6 @@ ALLOWED: set[tuple[str, str, str]] = {
     ("svmkit.capabilities", "compiler_failure", "cl.Context"),
     ("svmkit.capabilities", "compiler_failure", "program.build"),
     ("svmkit.capabilities", "compiler_failure", "program.get_build_info"),
-    # Context selection (PYOPENCL_CTX, the compiler probe) and the CLI's device listing,
-    # whose errors are reworked with it; they report the driver's own error today.
-    ("svmkit.capabilities", "_svm_devices", "cl.get_platforms"),
-    ("svmkit.capabilities", "_svm_devices", "platform.get_devices"),
-    ("svmkit.capabilities", "_create_context", "cl.create_some_context"),
-    ("svmkit.capabilities", "_create_context", "cl.Context"),
-    ("svmkit.cli.main", "_opencl_problem", "cl.get_platforms"),
-    ("svmkit.cli.main", "_opencl_problem", "cl.choose_devices"),
-    ("svmkit.cli.info", "collect", "cl.get_platforms"),
-    ("svmkit.cli.info", "collect", "platform.get_devices"),
-    ("svmkit.cli.info", "inventory", "cl.get_platforms"),
-    ("svmkit.cli.info", "inventory", "platform.get_devices"),
 }
 
 

@@ -20,7 +20,7 @@ import pyopencl as cl
 
 from svmkit.driver import calls, fork
 from svmkit.driver.per_context import PerContext
-from svmkit.errors import UnsupportedError
+from svmkit.errors import SVMError, UnsupportedError
 
 __all__ = [
     "Capabilities",
@@ -275,14 +275,10 @@ def _svm_devices(device_type: Any = None) -> tuple[list[cl.Device], list[str]]:
     found: list[str] = []
     gpus: list[cl.Device] = []
     others: list[cl.Device] = []
-    for platform in cl.get_platforms():
+    for platform in calls.platforms():
         try:
-            devices = (
-                platform.get_devices()
-                if device_type is None
-                else platform.get_devices(device_type=device_type)
-            )
-        except cl.Error as exc:
+            devices = calls.platform_devices(platform, device_type)
+        except SVMError as exc:
             found.append(f"platform {platform.name.strip()!r}: error {exc}")
             continue
         for device in devices:
@@ -298,19 +294,19 @@ def inventory() -> str:
     ``PYOPENCL_CTX`` takes them), each device whose compiler fails marked so, or saying
     there is none."""
     try:
-        platforms = cl.get_platforms()
-    except cl.Error:
+        platforms = calls.platforms()
+    except SVMError:
         return "no OpenCL platform"
     parts = []
     for p_index, platform in enumerate(platforms):
         try:
             names = []
-            for i, device in enumerate(platform.get_devices()):
+            for i, device in enumerate(calls.platform_devices(platform)):
                 failure = compiler_failure(device)
                 note = "" if failure is None else f" (its compiler fails: {failure})"
                 names.append(f"{i}: {device.name.strip()}{note}")
             devices = ", ".join(names) or "no devices"
-        except cl.Error as exc:
+        except SVMError as exc:
             devices = f"error {exc}"
         parts.append(f"platform {p_index}: {platform.name.strip()} [{devices}]")
     return "; ".join(parts) or "no OpenCL platform"
@@ -332,8 +328,9 @@ def create_context(*, device_type: Any = None) -> cl.Context:
     """
     try:
         return _create_context(device_type)
-    except cl.Error as exc:
-        if not fork.forked:
+    except (cl.Error, SVMError) as exc:
+        driver_error = exc if isinstance(exc, cl.Error) else exc.__cause__
+        if not fork.forked or not isinstance(driver_error, cl.Error):
             raise
         raise UnsupportedError(
             "this process was forked after its parent used OpenCL, and the OpenCL driver "
@@ -346,12 +343,13 @@ def _selected_context(spec: str) -> cl.Context:
     """The context ``PYOPENCL_CTX=spec`` selects (PyOpenCL's own rules), on devices whose
     compiler works; else :class:`~svmkit.UnsupportedError` listing what exists."""
     try:
-        devices = cl.choose_devices(interactive=False)
-    except cl.Error as exc:
+        devices = calls.chosen_devices()
+    except SVMError as exc:
         if fork.forked:
             raise
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
         raise UnsupportedError(
-            f"PYOPENCL_CTX={spec!r} selects no device ({exc}); found: {inventory()}"
+            f"PYOPENCL_CTX={spec!r} selects no device ({cause}); found: {inventory()}"
         ) from None
     for device in devices:
         failure = compiler_failure(device)
@@ -361,7 +359,7 @@ def _selected_context(spec: str) -> cl.Context:
                 f"compiler fails ({failure}): every kernel build would fail; select "
                 f"another device or unset PYOPENCL_CTX; found: {inventory()}"
             )
-    return cl.Context(devices)
+    return calls.new_context(devices)
 
 
 def _create_context(device_type: Any) -> cl.Context:
@@ -377,7 +375,7 @@ def _create_context(device_type: Any) -> cl.Context:
     for device in devices:
         failure = compiler_failure(device)
         if failure is None:
-            ctx = cl.Context([device])
+            ctx = calls.new_context([device])
             check_context_layout(ctx)
             return ctx
         log.warning("passing over %s: its compiler fails (%s)", device_label(device), failure)

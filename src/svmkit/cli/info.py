@@ -24,6 +24,7 @@ from svmkit.capabilities import (
     inventory,
     opencl_c_versions,
 )
+from svmkit.driver import calls
 from svmkit.policy import Policy
 
 __all__ = ["backends", "collect", "inventory", "render_table", "versions"]
@@ -127,7 +128,7 @@ def collect() -> dict[str, Any]:
         "selected": None,
     }
     try:
-        platforms = cl.get_platforms()
+        platforms = calls.platforms()
     except Exception as exc:
         report["error"] = f"{type(exc).__name__}: {exc}"
         return report
@@ -139,7 +140,7 @@ def collect() -> dict[str, Any]:
         try:
             pentry["name"] = platform.name.strip()
             pentry["version"] = platform.version.strip()
-            devices = platform.get_devices()
+            devices = calls.platform_devices(platform)
         except Exception as exc:
             pentry["error"] = f"{type(exc).__name__}: {exc}"
             devices = []

@@ -70,11 +70,12 @@ class CommandError(Exception):
 
 def _opencl_problem() -> str | None:
     """Why no device can be opened (no platform, a ``PYOPENCL_CTX`` that selects nothing)."""
-    import pyopencl as cl
+    from svmkit.driver import calls
+    from svmkit.errors import SVMError
 
     try:
-        platforms = cl.get_platforms()
-    except cl.Error:  # the ICD loader's CL_PLATFORM_NOT_FOUND_KHR
+        platforms = calls.platforms()  # empty where the ICD loader lists none
+    except SVMError:
         platforms = []
     if not platforms:
         return (

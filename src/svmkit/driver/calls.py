@@ -34,7 +34,7 @@ import pyopencl as cl
 from pyopencl import _cl as _cl  # (re-exported: benchmarks and tests stub it)
 
 from svmkit.driver import entrypoints
-from svmkit.errors import cl_error_name, error_for_name, translate
+from svmkit.errors import UnsupportedError, cl_error_name, error_for_name, translate
 
 __all__ = [
     "copy_and_wait",
@@ -48,6 +48,8 @@ __all__ = [
     "new_queue",
     "new_user_event",
     "platform_devices",
+    "platforms",
+    "chosen_devices",
     "set_event_status",
     "wait",
     "wait_for_events",
@@ -69,6 +71,8 @@ __all__ = [
 ]
 
 Wait = list[cl.Event] | None
+
+_PLATFORM_NOT_FOUND_KHR = -1001
 
 svm_pointer = cl.SVM
 """PyOpenCL's SVM pointer object over a contiguous host-addressable NumPy view."""
@@ -248,12 +252,38 @@ def set_event_status(event: cl.UserEvent, status: int = _COMPLETE) -> None:
 # -- platforms, contexts, command queues -----------------------------------------------------
 
 
-def platform_devices(platform: cl.Platform) -> list[cl.Device]:
-    """``clGetDeviceIDs(CL_DEVICE_TYPE_ALL)``: every device of ``platform``, in its order."""
+def platforms() -> list[cl.Platform]:
+    """``clGetPlatformIDs``: the platforms the ICD loader lists, in its order; an empty list
+    when it lists none (``CL_PLATFORM_NOT_FOUND_KHR``, the ``cl_khr_icd`` loader's answer)."""
     try:
-        return list(platform.get_devices())
+        return list(cl.get_platforms())
+    except cl.Error as exc:
+        if _code(exc) == _PLATFORM_NOT_FOUND_KHR:
+            return []
+        raise translate(exc, what="clGetPlatformIDs") from exc
+
+
+def platform_devices(platform: cl.Platform, device_type: Any = None) -> list[cl.Device]:
+    """``clGetDeviceIDs``: the devices of ``platform`` (of ``device_type``, default all), in
+    its order."""
+    try:
+        if device_type is None:
+            return list(platform.get_devices())
+        return list(platform.get_devices(device_type=device_type))
     except cl.Error as exc:
         raise translate(exc, what="clGetDeviceIDs") from exc
+
+
+def chosen_devices() -> list[cl.Device]:
+    """The devices ``PYOPENCL_CTX`` selects, by PyOpenCL's own rules (``platform[:device]``,
+    by index or part of the name); a selection that matches nothing is an
+    :class:`~svmkit.UnsupportedError` (PyOpenCL raises a bare ``RuntimeError``)."""
+    try:
+        return list(cl.choose_devices(interactive=False))
+    except cl.Error as exc:
+        raise translate(exc, what="selecting devices by PYOPENCL_CTX") from exc
+    except RuntimeError as exc:  # "input did not match any platform/device"
+        raise UnsupportedError(f"PYOPENCL_CTX selects no device: {exc}") from exc
 
 
 def new_context(devices: list[cl.Device]) -> cl.Context:
@@ -354,6 +384,13 @@ def new_program(context: cl.Context, source: str, *, cached: bool = True) -> Any
         return cl.Program(context, source) if cached else _cl._Program(context, source)
     except cl.Error as exc:
         raise translate(exc, what="clCreateProgramWithSource") from exc
+
+
+def _code(exc: BaseException) -> int | None:
+    """The OpenCL error code a ``pyopencl.Error`` carries (``code`` is a method there)."""
+    code = getattr(exc, "code", None)
+    code = code() if callable(code) else code
+    return code if isinstance(code, int) else None
 
 
 def _nbytes(obj: Any) -> int:
