@@ -130,7 +130,7 @@ def test_record_checks_its_arguments(ctx, queue, other_ctx, foreign_event):
     sk.record(marker, a, a[1:])
     assert marker in a.pending_events() or marker.command_execution_status == COMPLETE
     with pytest.raises(sk.InvalidValueError):
-        sk.record("not an event", a)  # type: ignore[arg-type]
+        sk.record("not an event", a)
     with pytest.raises(sk.InvalidValueError):
         sk.record(marker, np.zeros(4))  # type: ignore[arg-type]
     with pytest.raises(sk.InvalidContextError):

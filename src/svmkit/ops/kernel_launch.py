@@ -27,7 +27,7 @@ from svmkit.rules import (
     context_of,
 )
 
-__all__ = ["launch"]
+__all__ = ["TRACKED_KERNELS", "launch"]
 
 
 def launch(
@@ -43,7 +43,9 @@ def launch(
     """Enqueue ``kernel`` with SVMArray arguments; returns the event.
 
     Calling a kernel of an :class:`svmkit.Program` (``prg.NAME(queue, ...)``) is this
-    call; ``options`` are PyOpenCL's other keywords (``global_offset``...), passed on.
+    very function (:class:`svmkit.Kernel` binds it as ``__call__``, so the kernel comes
+    first and swaps places with the queue: no second call on the hot path); ``options``
+    are PyOpenCL's other keywords (``global_offset``...), passed on.
 
     Parameters
     ----------
@@ -80,10 +82,14 @@ def launch(
     kernel.  The SVM pointers registered stay registered on the kernel object until the
     next ``launch`` of it replaces them.
     """
-    if queue is None:
-        queue = check_queue(None, context_of(kernel))
-    elif not isinstance(queue, cl.CommandQueue):
-        queue = check_queue(queue, context_of(kernel))  # raises
+    if type(queue) is not _COMMAND_QUEUE:
+        if type(queue) in TRACKED_KERNELS:
+            queue, kernel = kernel, queue  # an sk.Kernel's call: `k(queue, ...)` binds k first
+        if type(queue) is not _COMMAND_QUEUE:
+            if queue is None:
+                queue = check_queue(None, context_of(kernel))
+            elif not isinstance(queue, cl.CommandQueue):
+                queue = check_queue(queue, context_of(kernel))  # raises
     context = context_of(queue)
     check_kernel_context(kernel, context)
     wait = wait_list(context, wait_for) if wait_for is not None else None
@@ -152,6 +158,10 @@ def launch(
 
 
 _SYSTEM = Granularity.SYSTEM
+_COMMAND_QUEUE = cl.CommandQueue
+TRACKED_KERNELS: set[type] = set()
+"""The kernel classes whose ``__call__`` is :func:`launch` (:class:`svmkit.Kernel` and its
+subclasses register themselves)."""
 _PLAIN_BASES = (np.generic, int, float, bytes, type(None))
 """Arguments passed to PyOpenCL unchanged without a look at their attributes."""
 _plain_types: set[type] = set()

@@ -18,10 +18,19 @@ import pyopencl as cl
 
 from svmkit.driver import calls
 from svmkit.errors import InvalidValueError, SVMError, translate
-from svmkit.events.record import WaitFor
-from svmkit.ops.kernel_launch import launch
+from svmkit.ops.kernel_launch import TRACKED_KERNELS, launch
 
 __all__ = ["Kernel", "Program"]
+
+
+_get = object.__getattribute__
+
+
+class _ThreadKernels(threading.local):
+    """Per thread: the kernels made in it, by name."""
+
+    def __init__(self) -> None:
+        self.kernels: dict[str, Kernel] = {}
 
 
 class Program(cl.Program):  # type: ignore[misc]
@@ -35,24 +44,25 @@ class Program(cl.Program):  # type: ignore[misc]
 
     def __init__(self, built: Any) -> None:
         super().__init__(built)
-        self._svmkit_threads = threading.local()
+        self._svmkit_threads = _ThreadKernels()
 
     def _svmkit_kernels(self) -> dict[str, Kernel]:
         """The calling thread's kernels of this program, by name."""
-        local = self._svmkit_threads
-        try:
-            kernels: dict[str, Kernel] = local.kernels
-        except AttributeError:
-            kernels = local.kernels = {}
+        kernels: dict[str, Kernel] = _get(self, "_svmkit_threads").kernels
         return kernels
+
+    def __getattribute__(self, name: str) -> Any:
+        # The calling thread's kernels first: `prg.NAME(queue, ...)` in a loop then costs
+        # one dictionary lookup, not a failed attribute lookup before __getattr__.
+        try:
+            known = _get(self, "_svmkit_threads").kernels.get(name)
+        except AttributeError:  # (while PyOpenCL's constructor runs)
+            known = None
+        return known if known is not None else _get(self, name)
 
     def __getattr__(self, name: str) -> Kernel:
         if name.startswith("_"):  # (PyOpenCL's and svmkit's own attributes, while unset)
             raise AttributeError(name)
-        try:
-            return self._svmkit_threads.kernels[name]  # type: ignore[no-any-return]
-        except (AttributeError, KeyError):
-            pass
         try:
             return Kernel(self, name)
         except InvalidValueError as exc:
@@ -61,7 +71,7 @@ class Program(cl.Program):  # type: ignore[misc]
                 f"({', '.join(calls.kernel_names(self)) or 'none'})"
             ) from exc
 
-    def all_kernels(self) -> list[Kernel]:  # type: ignore[override]
+    def all_kernels(self) -> list[Kernel]:
         """The calling thread's :class:`Kernel` of every kernel in the program."""
         return [Kernel(self, name) for name in calls.kernel_names(self)]
 
@@ -76,6 +86,10 @@ class Kernel(cl.Kernel):  # type: ignore[misc]
     """
 
     _svmkit_ready = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        TRACKED_KERNELS.add(cls)
 
     def __new__(cls, program: Any, name: str) -> Kernel:
         if isinstance(program, Program):
@@ -97,19 +111,11 @@ class Kernel(cl.Kernel):  # type: ignore[misc]
         if isinstance(program, Program):
             program._svmkit_kernels()[name] = self
 
-    def __call__(
-        self,
-        queue: cl.CommandQueue | None,
-        global_size: Any,
-        local_size: Any,
-        *args: Any,
-        uses: Any = (),
-        wait_for: WaitFor = None,
-        **options: Any,
-    ) -> cl.Event:
-        """:func:`svmkit.launch` of this kernel: ``k(queue, global_size, local_size,
-        *args, uses=(), wait_for=None, **pyopencl_keywords)`` (``global_offset``... pass
-        on to PyOpenCL); returns the event."""
-        return launch(
-            queue, self, global_size, local_size, *args, uses=uses, wait_for=wait_for, **options
-        )
+    __call__ = launch
+    """:func:`svmkit.launch` of this kernel: ``k(queue, global_size, local_size, *args,
+    uses=(), wait_for=None, **pyopencl_keywords)`` (``global_offset``... pass on to
+    PyOpenCL); returns the event.  (The function itself, bound: ``launch`` takes the kernel
+    from its first place.)"""
+
+
+TRACKED_KERNELS.add(Kernel)
