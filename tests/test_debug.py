@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pyopencl as cl
 import pytest
 from _helpers import CHILD_CWD
 
@@ -55,11 +56,12 @@ def test_host_sees_poison_after_free_and_a_write_is_reported(ctx, queue, debug_o
     assert events.drain(10.0)
     np.testing.assert_array_equal(stale, np.full(64, DEADBEEF))  # recognisable pattern
     stale[5] = 42  # write after free
+    assert pool.debug is not None and pool.debug.held() == 1  # quarantined, not reused
     with (
         caplog.at_level(logging.ERROR, logger="svmkit.debug"),
         pytest.raises(sk.UseAfterFreeError) as info,
     ):
-        pool.empty(64, np.int32)  # the same block comes back: the poison is checked
+        pool.trim()  # the quarantined block's poison is checked
     message = str(info.value)
     assert "use after free detected: 4 of the 256 bytes" in message
     assert "make_victim" in message and "test_debug.py" in message
@@ -83,6 +85,7 @@ def test_poison_waits_for_the_last_export(ctx, debug_on):
     del export
     assert events.drain(10.0)
     np.testing.assert_array_equal(raw_int32(ptr, 64), np.full(64, DEADBEEF))  # returned now
+    assert pool.debug.held() == 1 and pool.debug.check_quarantine() == []
     c = pool.empty(64, np.int32)  # the block comes back with its poison intact
     assert c.ptr == ptr and pool.debug.reports == []
 
@@ -95,9 +98,9 @@ def test_kernel_writing_after_free_is_reported(ctx, queue, debug_on):
     a.free()
     assert events.drain(10.0)
     # A raw PyOpenCL launch with the stale pointer (svmkit cannot stop this one).
-    prg.poke(queue, (1,), None, a).wait()
+    cl.Kernel(prg, "poke")(queue, (1,), None, a).wait()
     with pytest.raises(sk.UseAfterFreeError, match="make_victim"):
-        pool.empty(64, np.int32)
+        pool.trim()
 
 
 def test_intact_poison_passes_and_a_kernel_reads_the_pattern(ctx, queue, debug_on):
@@ -109,11 +112,86 @@ def test_intact_poison_passes_and_a_kernel_reads_the_pattern(ctx, queue, debug_o
     a.free()
     assert events.drain(10.0)
     out = sk.zeros(ctx, 1, np.int32)
-    prg.peek(queue, (1,), None, a, out).wait()  # a stale read sees the poison
+    cl.Kernel(prg, "peek")(queue, (1,), None, a, out).wait()  # a stale read sees the poison
     assert out.get(queue)[0] == DEADBEEF
+    assert pool.debug is not None and pool.debug.check_quarantine() == []  # poison intact
     b = pool.full(64, 3, np.int32)  # same block, poison intact: no report
-    assert pool.debug is not None and pool.debug.reports == []
+    assert pool.debug.reports == []
     np.testing.assert_array_equal(b.get(queue), np.full(64, 3, np.int32))
+
+
+def test_debug_argument_overrides_the_switch(ctx, monkeypatch):
+    monkeypatch.delenv("SVMKIT_DEBUG", raising=False)
+    on = sk.Pool(ctx, debug=True)
+    assert isinstance(on.resource, sk.DebugAdaptor) and on.debug is not None
+    monkeypatch.setenv("SVMKIT_DEBUG", "1")
+    off = sk.Pool(ctx, debug=False)
+    assert off.resource is off.pool and off.debug is None
+
+
+def test_quarantine_holds_a_freed_block_back_for_its_hand_outs(ctx):
+    pool = sk.Pool(ctx, debug=True)
+    a = make_victim(pool)
+    ptr = a.ptr
+    a.free()
+    assert events.drain(10.0)
+    assert pool.debug is not None and pool.debug.held() == 1
+    kept = [pool.empty(64, np.int32) for _ in range(debug.QUARANTINE)]  # the last releases it
+    assert ptr not in [k.ptr for k in kept] and pool.debug.held() == 0
+    again = pool.empty(64, np.int32)
+    assert again.ptr == ptr and pool.debug.reports == []
+    np.testing.assert_array_equal(again.get(), np.full(64, DEADBEEF))  # poison intact
+
+
+SLOW = """
+__kernel void slow_fill(__global float *a, int iters) {
+    int i = get_global_id(0);
+    float x = 0.0f;
+    for (int k = 0; k < iters; ++k) x = x * 0.999f + 7.0f;
+    a[i] = x;
+}
+"""
+
+
+def test_an_untracked_kernel_writing_into_a_freed_block_is_reported_every_time(ctx, queue):
+    pool = sk.Pool(ctx, debug=True)
+    knl = cl.Kernel(sk.build_program(ctx, SLOW), "slow_fill")  # raw: svmkit cannot see it
+    n = 1 << 14
+    for _ in range(3):
+        a = pool.empty(n, np.float32)
+        knl(queue, (n,), None, a, np.int32(20000))  # no wait, no sk.record
+        a.free()
+        b = pool.zeros(n, np.float32)  # not a's block: it is quarantined
+        queue.finish()
+        assert float(b.sum()) == 0.0
+        with pytest.raises(sk.UseAfterFreeError) as info:
+            pool.trim()
+        message = str(info.value)
+        assert f"of the {4 * n} bytes freed" in message
+        assert "and freed at:" in message and "a.free()" in message  # the freeing stack
+        b.free()
+    assert pool.debug is not None and len(pool.debug.reports) == 3
+
+
+def test_a_late_write_is_reported_at_exit():
+    code = (
+        "import numpy as np, pyopencl as cl, svmkit as sk\n"
+        "ctx = sk.create_context(); queue = cl.CommandQueue(ctx)\n"
+        "pool = sk.Pool(ctx, debug=True)\n"
+        f"knl = cl.Kernel(sk.build_program(ctx, {SLOW!r}), 'slow_fill')\n"
+        "a = pool.empty(4096, np.float32)\n"
+        "knl(queue, (4096,), None, a, np.int32(200000))\n"
+        "a.free()\n"
+        "queue.finish()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=CHILD_CWD
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = proc.stderr[proc.stderr.index("use after free detected: ") :]
+    assert "of the 16384 bytes freed" in report
+    freed_at = report[report.index("and freed at:") :]
+    assert 'File "<string>", line 7, in <module>' in freed_at  # the line of a.free()
 
 
 def test_environment_switch_in_a_fresh_interpreter():

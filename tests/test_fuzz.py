@@ -88,7 +88,9 @@ __kernel void xor_bytes(__global uchar *p, uint count, long stride, uint itemsiz
     }
 }
 """
-XOR = sk.build_program(CTX, KERNEL_SOURCE).xor_bytes
+XOR_PROGRAM = sk.build_program(CTX, KERNEL_SOURCE)
+XOR = XOR_PROGRAM.xor_bytes  # a tracked sk.Kernel
+RAW_XOR = cl.Kernel(XOR_PROGRAM, "xor_bytes")  # a plain one: its work is named by sk.record
 
 
 def _policies() -> list[tuple[str, sk.Policy]]:
@@ -592,8 +594,13 @@ class SVMMachine(RuleBasedStateMachine):
 
     # -- launch ---------------------------------------------------------------------------
     @precondition(lambda self: self.handles)
-    @rule(data=st.data(), k=st.integers(1, 255), with_uses=st.booleans())
-    def launch(self, data: st.DataObject, k: int, with_uses: bool) -> None:
+    @rule(
+        data=st.data(),
+        k=st.integers(1, 255),
+        with_uses=st.booleans(),
+        how=st.sampled_from(["launch", "tracked", "raw+record"]),
+    )
+    def launch(self, data: st.DataObject, k: int, with_uses: bool, how: str) -> None:
         h = pick(data, self.handles)
         used = pick(data, self.handles) if with_uses else None
         errors: set[tuple[type, str | None]] = set()
@@ -607,19 +614,17 @@ class SVMMachine(RuleBasedStateMachine):
         count = h.model.size * h.model.itemsize
         stride = h.model.strides[0] if h.model.ndim else 0
         uses = (used.array,) if used is not None else ()
+        args = (h.array, np.uint32(count), np.int64(stride), np.uint32(h.model.itemsize))
+        if how == "raw+record" and (errors or not h.alloc.data.size):
+            how = "tracked"  # a raw call checks nothing: only where svmkit would allow it
         with Expect(errors) as ex:
-            event = sk.launch(
-                QUEUE,
-                XOR,
-                (max(count, 1),),
-                None,
-                h.array,
-                np.uint32(count),
-                np.int64(stride),
-                np.uint32(h.model.itemsize),
-                np.uint8(k),
-                uses=uses,
-            )
+            if how == "launch":
+                event = sk.launch(QUEUE, XOR, (max(count, 1),), None, *args, np.uint8(k), uses=uses)
+            elif how == "tracked":
+                event = XOR(QUEUE, (max(count, 1),), None, *args, np.uint8(k), uses=uses)
+            else:
+                event = RAW_XOR(QUEUE, (max(count, 1),), None, *args, np.uint8(k))
+                sk.record(event, h.array)  # what svmkit cannot see, named
         if ex.ok:
             assert event in h.array.pending_events() or event.command_execution_status <= 0
             old, known = self.read(h)

@@ -75,18 +75,10 @@ DRIVER_PROPERTIES = {"command_execution_status"}
 # Base classes whose constructor a subclass may call as ``cl.<name>.__init__(self, ...)``.
 BASE_CLASSES = {"SVM", "Program", "Kernel"}
 
-# Driver calls outside svmkit.driver that are about to move behind driver/calls.py, by
-# (module, enclosing function, called expression).  Each entry must still match a call
-# (the test says when one can be dropped).
-ALLOWED: set[tuple[str, str, str]] = {
-    # Program builds: their move into driver/calls.py (with sk.BuildError) is under way.
-    ("svmkit.programs", "build_program", "cl.Program"),
-    ("svmkit.programs", "build_program", "program.build"),
-    ("svmkit.programs", "build_program", "program.get_build_info"),
-    ("svmkit.capabilities", "compiler_failure", "cl.Context"),
-    ("svmkit.capabilities", "compiler_failure", "program.build"),
-    ("svmkit.capabilities", "compiler_failure", "program.get_build_info"),
-}
+# Driver calls allowed outside svmkit.driver, by (module, enclosing function, called
+# expression): none today.  Each entry must still match a call (the test says when one can
+# be dropped).
+ALLOWED: set[tuple[str, str, str]] = set()
 
 
 def _module_name(path: Path) -> str:

@@ -36,16 +36,24 @@ class DriverSpy:
         event = self.real._enqueue_svm_map(queue, blocking, flags, svm, wait_for, size)
         with self.lock:
             self.maps += 1
-            self.open[svm.svm_ptr] = self.open.get(svm.svm_ptr, 0) + 1
+            ptr = _address(svm)
+            self.open[ptr] = self.open.get(ptr, 0) + 1
             self.max_open = max(self.max_open, sum(self.open.values()))
         return event
 
     def _enqueue_svm_unmap(self, queue, svm, wait_for):
         with self.lock:
-            assert self.open.get(svm.svm_ptr, 0) > 0, "unmap of a pointer that is not mapped"
-            self.open[svm.svm_ptr] -= 1
+            ptr = _address(svm)
+            assert self.open.get(ptr, 0) > 0, "unmap of a pointer that is not mapped"
+            self.open[ptr] -= 1
             self.unmaps += 1
         return self.real._enqueue_svm_unmap(queue, svm, wait_for)
+
+
+def _address(svm: Any) -> int:
+    """The SVM pointer object's address as the driver sees it (an SVMArray's own ``svm_ptr``
+    refuses once freed, and svmkit unmaps a region freed inside its block)."""
+    return int(cl.SVMPointer.svm_ptr.__get__(svm))
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ def test_readme_python_blocks_run_in_order():
     printed = out.getvalue()
     assert "[ 0.  1.  4.  9. 16. 25. 36. 49.]" in printed
     assert "refused: MapStateError" in printed
+    assert "[9. 9.]" in printed  # a raw kernel recorded with sk.record
     assert "CL_INVALID_VALUE" in printed
     assert "no commands on mapped memory\n21.0" in printed
     assert "[1.5 7.  1.5]" in printed and "CL_MEM_COPY_OVERLAP" in printed

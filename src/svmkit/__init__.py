@@ -26,6 +26,7 @@ from svmkit.arrays import (
 )
 from svmkit.capabilities import Capabilities, capabilities, create_context
 from svmkit.errors import (
+    BuildError,
     CopyOverlapError,
     InvalidContextError,
     InvalidValueError,
@@ -38,7 +39,7 @@ from svmkit.errors import (
 )
 from svmkit.interop.cl_array import cl_allocator
 from svmkit.mapping import mapped
-from svmkit.ops import copy, fill, launch, migrate
+from svmkit.ops import Kernel, Program, copy, fill, launch, migrate, record
 from svmkit.policy import Access, Granularity, Policy
 from svmkit.programs import build_program, kernels_dir
 from svmkit.resources import (
@@ -59,12 +60,14 @@ from svmkit.workqueue import WorkQueue, persistent_grid
 __all__ = [
     "Access",
     "Allocation",
+    "BuildError",
     "Capabilities",
     "CopyOverlapError",
     "DebugAdaptor",
     "Granularity",
     "InvalidContextError",
     "InvalidValueError",
+    "Kernel",
     "LimitingAdaptor",
     "MapStateError",
     "MemoryResource",
@@ -72,6 +75,7 @@ __all__ = [
     "Policy",
     "Pool",
     "PoolResource",
+    "Program",
     "QueueClosed",
     "SVMArray",
     "SVMError",
@@ -100,6 +104,7 @@ __all__ = [
     "migrate",
     "ones",
     "persistent_grid",
+    "record",
     "set_current_resource",
     "set_debug",
     "use_resource",

@@ -20,7 +20,7 @@ import pyopencl as cl
 
 from svmkit.driver import calls, fork
 from svmkit.driver.per_context import PerContext
-from svmkit.errors import SVMError, UnsupportedError
+from svmkit.errors import BuildError, SVMError, UnsupportedError
 
 __all__ = [
     "Capabilities",
@@ -255,16 +255,16 @@ def compiler_failure(device: cl.Device) -> str | None:
         return _compiler_failures[key]
     failure: str | None = None
     try:
-        program = calls.new_program(cl.Context([device]), _PROBE_SOURCE, cached=False)
-        try:
-            with warnings.catch_warnings():  # the build log of a working compiler
-                warnings.simplefilter("ignore", cl.CompilerWarning)
-                program.build(b"", [device])
-        except cl.Error as exc:
-            build_log = str(program.get_build_info(device, cl.program_build_info.LOG) or "")
-            lines = [line.strip() for line in build_log.splitlines() if line.strip()]
-            failure = lines[0] if lines else str(exc)
-    except cl.Error as exc:  # no context or program at all
+        with warnings.catch_warnings():  # the build log of a working compiler
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            calls.build_program(
+                calls.new_context([device]), _PROBE_SOURCE, (), [device], cached=False
+            )
+    except BuildError as exc:
+        build_log = next(iter(exc.device_logs.values()), "")
+        lines = [line.strip() for line in build_log.splitlines() if line.strip()]
+        failure = lines[0] if lines else str(exc)
+    except (cl.Error, SVMError) as exc:  # no context or program at all
         failure = str(exc)
     with _cache_lock:
         _compiler_failures[key] = failure

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "BuildError",
     "CopyOverlapError",
     "InvalidContextError",
     "InvalidValueError",
@@ -142,20 +143,45 @@ class WorkQueueTimeout(SVMError, TimeoutError):
         self.pushed = pushed
 
 
+class BuildError(SVMError):
+    """An OpenCL C source failed to build (``CL_BUILD_PROGRAM_FAILURE``).
+
+    ``build_log`` holds each device's compiler log, under the device's name;
+    ``device_logs`` maps each device's name to its log alone.
+    """
+
+    default_cl_error = "CL_BUILD_PROGRAM_FAILURE"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        cl_error: str | None = None,
+        build_log: str = "",
+        device_logs: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message, cl_error=cl_error)
+        self.build_log = build_log
+        self.device_logs: dict[str, str] = dict(device_logs or {})
+
+
 # OpenCL error codes that SVM calls can return (cl.h), by value.
 _CL_ERROR_NAMES: dict[int, str] = {
     -4: "CL_MEM_OBJECT_ALLOCATION_FAILURE",
     -5: "CL_OUT_OF_RESOURCES",
     -6: "CL_OUT_OF_HOST_MEMORY",
     -8: "CL_MEM_COPY_OVERLAP",
+    -11: "CL_BUILD_PROGRAM_FAILURE",
     -30: "CL_INVALID_VALUE",
     -33: "CL_INVALID_DEVICE",
     -34: "CL_INVALID_CONTEXT",
     -36: "CL_INVALID_COMMAND_QUEUE",
     -38: "CL_INVALID_MEM_OBJECT",
     -45: "CL_INVALID_PROGRAM_EXECUTABLE",
+    -43: "CL_INVALID_BUILD_OPTIONS",
     -46: "CL_INVALID_KERNEL_NAME",
     -48: "CL_INVALID_KERNEL",
+    -51: "CL_INVALID_ARG_SIZE",
     -52: "CL_INVALID_KERNEL_ARGS",
     -54: "CL_INVALID_WORK_GROUP_SIZE",
     -57: "CL_INVALID_EVENT_WAIT_LIST",
@@ -167,6 +193,9 @@ _CL_ERROR_NAMES: dict[int, str] = {
 
 _CLASS_FOR_NAME: dict[str, type[SVMError]] = {
     "CL_INVALID_VALUE": InvalidValueError,
+    "CL_INVALID_BUILD_OPTIONS": InvalidValueError,
+    "CL_INVALID_KERNEL_NAME": InvalidValueError,
+    "CL_BUILD_PROGRAM_FAILURE": BuildError,
     "CL_MEM_COPY_OVERLAP": CopyOverlapError,
     "CL_INVALID_CONTEXT": InvalidContextError,
     "CL_INVALID_OPERATION": UnsupportedError,

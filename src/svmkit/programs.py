@@ -12,6 +12,8 @@ from typing import Any
 import pyopencl as cl
 
 from svmkit.capabilities import capabilities, opencl_c_versions
+from svmkit.driver import calls
+from svmkit.ops.kernels import Program
 
 __all__ = ["build_program", "build_options", "kernels_dir", "scope_for"]
 
@@ -74,7 +76,7 @@ def build_program(
     options: Iterable[str] = (),
     defines: Mapping[str, Any] | None = None,
     cache: bool = True,
-) -> cl.Program:
+) -> Program:
     """Build OpenCL C ``source`` for every device of ``ctx`` with svmkit's headers.
 
     Adds ``-I kernels_dir()``, the highest ``-cl-std`` every device supports and
@@ -83,15 +85,25 @@ def build_program(
     cache: a program created from a binary may lack what ``-cl-kernel-arg-info`` keeps
     (``clGetKernelArgInfo``: ``CL_KERNEL_ARG_INFO_NOT_AVAILABLE``).
 
+    Returns an :class:`svmkit.Program`: ``prg.NAME`` is a tracked :class:`svmkit.Kernel`
+    (its call is :func:`svmkit.launch`).
+
     A build that succeeds with compiler output (Intel's CPU runtime always reports its
     stages) logs that output on the ``svmkit`` logger at DEBUG level instead of PyOpenCL's
-    ``CompilerWarning``; a failed build raises as PyOpenCL does, with the log.
+    ``CompilerWarning``.
+
+    Raises
+    ------
+    BuildError
+        The source failed to build (``CL_BUILD_PROGRAM_FAILURE``): ``.build_log`` holds each
+        device's log under the device's name.
+    InvalidValueError
+        Options the compiler refuses (``CL_INVALID_BUILD_OPTIONS``).
     """
-    program = cl.Program(ctx, source)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", cl.CompilerWarning)
-        program.build(
-            options=build_options(ctx, options, defines), cache_dir=None if cache else False
+        program = Program(
+            calls.build_program(ctx, source, build_options(ctx, options, defines), cached=cache)
         )
     for warning in caught:
         if not issubclass(warning.category, cl.CompilerWarning):
@@ -99,7 +111,6 @@ def build_program(
                 warning.message, warning.category, warning.filename, warning.lineno
             )
     if caught and log.isEnabledFor(logging.DEBUG):
-        for device in ctx.devices:
-            text = program.get_build_info(device, cl.program_build_info.LOG)
-            log.debug("build log on %s:\n%s", device.name, text)
+        for name, text in calls.build_logs(program, ctx.devices).items():
+            log.debug("build log on %s:\n%s", name, text)
     return program

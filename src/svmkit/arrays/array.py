@@ -198,6 +198,58 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         self._live()
         return self._alloc.ptr + self._offset
 
+    # -- what cl.SVM hands out: refused once freed ----------------------------------------
+    @property
+    def svm_ptr(self) -> int:
+        """``pyopencl.SVM.svm_ptr``: the address (:class:`~svmkit.UseAfterFreeError` once
+        freed)."""
+        self._live()
+        return int(_SVM_PTR.__get__(self))
+
+    @property
+    def mem(self) -> np.ndarray[Any, Any]:
+        """``pyopencl.SVM.mem``: a NumPy view of the memory; :class:`~svmkit.UseAfterFreeError`
+        once freed.  FINE and SYSTEM: an export, as :attr:`host`, so one kept past ``free()``
+        never reaches memory that another array owns.  COARSE: the host may touch it only
+        while it is mapped (PyOpenCL's ``map`` reads this view; prefer
+        :func:`svmkit.mapped`)."""
+        alloc = self._live()
+        if alloc.policy.needs_map:
+            view: np.ndarray[Any, Any] = self._view.view()
+            return view
+        return host_export(alloc, self._view, self._offset)
+
+    @property
+    def buf(self) -> Any:
+        """``pyopencl.SVMPointer.buf`` (:class:`~svmkit.UseAfterFreeError` once freed)."""
+        self._live()
+        return _SVM_BUF.__get__(self)
+
+    def as_buffer(self, *args: Any, **kwargs: Any) -> Any:
+        """``pyopencl.SVMPointer.as_buffer``: a ``cl.Buffer`` on the memory, untracked (the
+        caller keeps it from outliving ``free()``); :class:`~svmkit.UseAfterFreeError` once
+        freed."""
+        self._live()
+        return _SVM_AS_BUFFER(self, *args, **kwargs)
+
+    def map(self, *args: Any, **kwargs: Any) -> Any:
+        """``pyopencl.SVM.map``, untracked (prefer :func:`svmkit.mapped`);
+        :class:`~svmkit.UseAfterFreeError` once freed."""
+        self._live()
+        return _SVM_MAP(self, *args, **kwargs)
+
+    def map_ro(self, *args: Any, **kwargs: Any) -> Any:
+        """``pyopencl.SVM.map_ro``, untracked (prefer :func:`svmkit.mapped`);
+        :class:`~svmkit.UseAfterFreeError` once freed."""
+        self._live()
+        return _SVM_MAP_RO(self, *args, **kwargs)
+
+    def map_rw(self, *args: Any, **kwargs: Any) -> Any:
+        """``pyopencl.SVM.map_rw``, untracked (prefer :func:`svmkit.mapped`);
+        :class:`~svmkit.UseAfterFreeError` once freed."""
+        self._live()
+        return _SVM_MAP_RW(self, *args, **kwargs)
+
     def byte_range(self) -> tuple[int, int]:
         """``(start, stop)`` offsets into the allocation of every byte this array touches."""
         lo, hi = byte_extent(self._view)
@@ -471,8 +523,16 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
     def free(self) -> None:
         """Free the allocation (and so every view of it); idempotent.
 
-        The memory goes back to its resource only after every command svmkit recorded on
-        it finished; this call itself does not block.
+        The memory goes back to its resource only after every command recorded on it
+        finished; this call itself does not block.  Recorded are the commands svmkit
+        enqueues (operations, :func:`svmkit.launch`, the kernels of an
+        :class:`svmkit.Program`) and the events named by :func:`svmkit.record`.  svmkit
+        cannot see work enqueued by other means (a raw ``pyopencl.Kernel`` call,
+        ``pyopencl.array``, another library): record its event with
+        ``sk.record(event, a)`` before freeing, or wait for it.  After ``free()`` every use
+        of the array, a view or an attribute that hands out memory (``ptr``, ``mem``,
+        ``host``...) raises :class:`~svmkit.UseAfterFreeError`; a freed array given to raw
+        PyOpenCL is the caller's responsibility.
         """
         self._alloc.free()
 
@@ -666,6 +726,15 @@ def _numpy_protocol() -> Any:
 
         _protocol = numpy_protocol
     return _protocol
+
+
+_SVM_PTR = cl.SVMPointer.svm_ptr
+_SVM_BUF = cl.SVMPointer.buf
+_SVM_AS_BUFFER = cl.SVMPointer.as_buffer
+_SVM_MAP = cl.SVM.map
+_SVM_MAP_RO = cl.SVM.map_ro
+_SVM_MAP_RW = cl.SVM.map_rw
+"""What ``cl.SVM`` offers that hands out memory; SVMArray checks liveness first."""
 
 
 def _adopt_operators(cls: type) -> None:

@@ -43,7 +43,9 @@ class Pool(MemoryResource):
     arguments go to :class:`~svmkit.PoolResource` (``max_cached_bytes``).  A ``Pool`` is a
     memory resource: pass it as ``resource=`` or select it with
     :func:`svmkit.use_resource`.  :meth:`stats` merges the statistics counters with the
-    pool's figures (``cached_bytes``, ``fragmented_bytes``, ...).
+    pool's figures (``cached_bytes``, ``fragmented_bytes``, ...).  ``debug=True`` puts a
+    :class:`~svmkit.DebugAdaptor` on top (poison, quarantine and checks of freed blocks),
+    ``False`` never; ``None`` follows :func:`~svmkit.debug_enabled` (``SVMKIT_DEBUG``).
 
     Attributes
     ----------
@@ -62,6 +64,7 @@ class Pool(MemoryResource):
         policy: Policy | None = None,
         *,
         limit_bytes: int | None = None,
+        debug: bool | None = None,
         **kw: Any,
     ) -> None:
         upstream: MemoryResource = SVMResource(ctx, policy)
@@ -70,7 +73,7 @@ class Pool(MemoryResource):
         self.pool = PoolResource(upstream, **kw)
         self.resource: MemoryResource = self.pool
         self.debug: Poisoner | None = None
-        if debug_enabled():  # SVMKIT_DEBUG=1: poison freed blocks (svmkit.resources.debug)
+        if debug_enabled() if debug is None else debug:  # poison freed blocks (resources.debug)
             adaptor = DebugAdaptor(self.pool)
             self.resource, self.debug = adaptor, adaptor.poisoner
         self.context = self.pool.context
@@ -93,7 +96,12 @@ class Pool(MemoryResource):
         return self.resource.owns(allocation)
 
     def trim(self) -> int:
-        """Return every cached block upstream; the number of bytes given back."""
+        """Return every cached block upstream; the number of bytes given back.
+
+        Debug mode first checks the poison of the quarantined blocks and returns them too
+        (:class:`~svmkit.UseAfterFreeError` for a write found after free)."""
+        if self.debug is not None:
+            return self.resource.trim()  # type: ignore[attr-defined, no-any-return]
         return self.pool.trim()
 
     def info(self) -> dict[str, int]:

@@ -24,25 +24,12 @@ from svmkit.dask._types import (
     pointee,
 )
 from svmkit.driver import calls
-from svmkit.errors import InvalidValueError, SVMError
+from svmkit.errors import BuildError, InvalidValueError, SVMError
 from svmkit.programs import build_program
 
 __all__ = ["BuildError", "KernelEntry", "ProgramCache"]
 
 BUILD_OPTIONS = ("-cl-kernel-arg-info",)
-
-
-class BuildError(SVMError):
-    """An OpenCL C source failed to build (``CL_BUILD_PROGRAM_FAILURE``).
-
-    ``build_log`` holds the compiler's log for each device of the worker's context.
-    """
-
-    default_cl_error = "CL_BUILD_PROGRAM_FAILURE"
-
-    def __init__(self, message: str, *, cl_error: str | None = None, build_log: str = "") -> None:
-        super().__init__(message, cl_error=cl_error)
-        self.build_log = build_log
 
 
 @dataclass
@@ -112,7 +99,7 @@ class ProgramCache:
             if built is None:
                 built = self._programs[source] = self._build(source)
         if isinstance(built, BuildError):
-            raise BuildError(str(built), build_log=built.build_log)
+            raise BuildError(str(built), build_log=built.build_log, device_logs=built.device_logs)
         return built
 
     def _build(self, source: str) -> cl.Program | BuildError:
@@ -120,12 +107,8 @@ class ProgramCache:
         try:
             # past PyOpenCL's binary cache: programs from binaries lose argument info
             return build_program(self.context, source, options=BUILD_OPTIONS, cache=False)
-        except cl.Error as exc:  # PyOpenCL's message carries each device's build log
-            return BuildError(
-                f"the OpenCL C source did not build on the worker's device "
-                f"({self.context.devices[0].name.strip()}): {exc}",
-                build_log=str(exc),
-            )
+        except BuildError as exc:  # the message and build_log carry each device's log
+            return exc
 
     def kernel(self, source: str, name: str) -> KernelEntry:
         """This thread's kernel ``name`` of ``source`` (``CL_INVALID_KERNEL_NAME`` if absent)."""

@@ -27,6 +27,7 @@ operation, so every enqueue reads the module attribute at call time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,15 @@ import pyopencl as cl
 from pyopencl import _cl as _cl  # (re-exported: benchmarks and tests stub it)
 
 from svmkit.driver import entrypoints
-from svmkit.errors import UnsupportedError, cl_error_name, error_for_name, translate
+from svmkit.errors import (
+    BuildError,
+    InvalidValueError,
+    SVMError,
+    UnsupportedError,
+    cl_error_name,
+    error_for_name,
+    translate,
+)
 
 __all__ = [
     "copy_and_wait",
@@ -65,6 +74,8 @@ __all__ = [
     "new_program",
     "set_svm_pointers",
     "allow_fine_grain_system",
+    "build_logs",
+    "build_program",
     "svm_alloc",
     "svm_free",
     "svm_pointer",
@@ -184,10 +195,19 @@ def enqueue_kernel(
     local_size: Any,
     args: tuple[Any, ...] | list[Any],
     wait: Wait,
+    options: dict[str, Any] | None = None,
 ) -> cl.Event:
-    """``clSetKernelArg`` for each argument, then ``clEnqueueNDRangeKernel``."""
+    """``clSetKernelArg`` for each argument, then ``clEnqueueNDRangeKernel``.
+
+    PyOpenCL's own ``Kernel.__call__`` enqueues (an :class:`svmkit.Kernel` overrides the
+    call with :func:`svmkit.launch`); ``options`` are its other keywords
+    (``global_offset``...)."""
     try:
-        return kernel(queue, global_size, local_size, *args, wait_for=wait)
+        if options:
+            return _cl.Kernel.__call__(
+                kernel, queue, global_size, local_size, *args, wait_for=wait, **options
+            )
+        return _cl.Kernel.__call__(kernel, queue, global_size, local_size, *args, wait_for=wait)
     except cl.Error as exc:
         raise translate(exc, what=f"enqueueing kernel {kernel.function_name}") from exc
 
@@ -258,7 +278,7 @@ def platforms() -> list[cl.Platform]:
     try:
         return list(cl.get_platforms())
     except cl.Error as exc:
-        if _code(exc) == _PLATFORM_NOT_FOUND_KHR:
+        if _code_of(exc) == _PLATFORM_NOT_FOUND_KHR:
             return []
         raise translate(exc, what="clGetPlatformIDs") from exc
 
@@ -386,10 +406,121 @@ def new_program(context: cl.Context, source: str, *, cached: bool = True) -> Any
         raise translate(exc, what="clCreateProgramWithSource") from exc
 
 
-def _code(exc: BaseException) -> int | None:
-    """The OpenCL error code a ``pyopencl.Error`` carries (``code`` is a method there)."""
-    code = getattr(exc, "code", None)
-    code = code() if callable(code) else code
+_BUILD_PROGRAM_FAILURE = -11
+_INVALID_BUILD_OPTIONS = -43
+
+
+def build_program(
+    context: cl.Context,
+    source: str,
+    options: Sequence[str] = (),
+    devices: Sequence[cl.Device] | None = None,
+    *,
+    cached: bool = True,
+) -> Any:
+    """``clCreateProgramWithSource`` plus ``clBuildProgram``: the extension's built program.
+
+    ``options`` get PyOpenCL's defaults added (its include path, ``PYOPENCL_BUILD_OPTIONS``)
+    as ``pyopencl.Program.build`` adds them.  ``cached`` keeps PyOpenCL's binary cache
+    (where the driver keeps none of its own, as ``Program.build`` decides); ``False``
+    builds from source, for programs that must keep ``-cl-kernel-arg-info`` and for probes
+    whose build log must be the compiler's.  ``pyopencl.Program.build`` is not used: on a
+    failure it saves each source to a temporary file it never deletes and repeats the
+    error's prefix.
+
+    Raises
+    ------
+    BuildError
+        The source failed to build (``CL_BUILD_PROGRAM_FAILURE``); the message and
+        ``build_log`` hold each device's log under its name.
+    InvalidValueError
+        The options were refused (``CL_INVALID_BUILD_OPTIONS``).
+    """
+    options_bytes, include_path = cl.Program._process_build_options(context, list(options))
+    if cached and not _driver_caches_builds(context):
+        from pyopencl.cache import create_built_program_from_source_cached
+
+        try:
+            program, _ = create_built_program_from_source_cached(
+                context,
+                source,
+                options_bytes,
+                devices,
+                cache_dir=getattr(context, "cache_dir", None),
+                include_path=include_path,
+            )
+            return program
+        except (cl.Error, KeyError):
+            # A failure (or PyOpenCL 2026.1's KeyError while handling one): the source
+            # build below raises the typed error with each device's log.
+            pass
+    program = new_program(context, source, cached=False)
+    try:
+        program.build(options_bytes, devices)
+    except cl.Error as exc:
+        raise _build_error(context, options_bytes, devices, program, exc) from exc
+    return program
+
+
+def _driver_caches_builds(context: cl.Context) -> bool:
+    """Whether PyOpenCL leaves caching to the driver (as ``Program.build`` decides)."""
+    from pyopencl.characterize import has_src_build_cache
+
+    return bool(getattr(cl, "_PYOPENCL_NO_CACHE", False)) or bool(
+        has_src_build_cache(context.devices[0])
+    )
+
+
+def _build_error(
+    context: cl.Context,
+    options: bytes,
+    devices: Sequence[cl.Device] | None,
+    program: Any,
+    exc: BaseException,
+) -> SVMError:
+    """The typed error of a failed build, with each device's log (spec, clBuildProgram:
+    ``CL_BUILD_PROGRAM_FAILURE`` "if there is a failure to build the program executable",
+    ``CL_INVALID_BUILD_OPTIONS`` "if the build options specified by options are invalid")."""
+    code = _code_of(exc)
+    if code not in (None, _BUILD_PROGRAM_FAILURE, _INVALID_BUILD_OPTIONS):
+        return translate(exc, what="clBuildProgram")
+    targets = list(devices or context.devices)
+    logs = build_logs(program, targets)
+    build_log = "\n".join(f"{name}:\n{text}" for name, text in logs.items())
+    names = ", ".join(logs)
+    if code == _INVALID_BUILD_OPTIONS:
+        return InvalidValueError(
+            f"clBuildProgram refused the build options {options.decode(errors='replace')!r} "
+            f"on {names} (CL_INVALID_BUILD_OPTIONS):\n{build_log}",
+            cl_error="CL_INVALID_BUILD_OPTIONS",
+        )
+    return BuildError(
+        f"clBuildProgram failed on {names} (CL_BUILD_PROGRAM_FAILURE):\n{build_log}",
+        build_log=build_log,
+        device_logs=logs,
+    )
+
+
+def build_logs(program: Any, devices: Sequence[cl.Device]) -> dict[str, str]:
+    """``clGetProgramBuildInfo(CL_PROGRAM_BUILD_LOG)`` of each device, by device name
+    (empty where the driver gives none)."""
+    logs: dict[str, str] = {}
+    for device in devices:
+        try:
+            text = program.get_build_info(device, cl.program_build_info.LOG)
+        except (cl.Error, AttributeError):
+            text = ""
+        logs[str(device.name).strip()] = str(text or "").strip()
+    return logs
+
+
+def _code_of(exc: BaseException) -> int | None:
+    """The OpenCL error code of a ``pyopencl.Error`` (``None`` where it carries none)."""
+    try:
+        code = exc.code  # type: ignore[attr-defined]
+        code = code() if callable(code) else code
+    except Exception:
+        return None
     return code if isinstance(code, int) else None
 
 

@@ -28,7 +28,7 @@ from svmkit.rules import (
     context_of,
 )
 
-__all__ = ["launch"]
+__all__ = ["TRACKED_KERNELS", "launch"]
 
 
 def launch(
@@ -39,8 +39,14 @@ def launch(
     *args: Any,
     uses: Iterable[Any] = (),
     wait_for: WaitFor = None,
+    **options: Any,
 ) -> cl.Event:
     """Enqueue ``kernel`` with SVMArray arguments; returns the event.
+
+    Calling a kernel of an :class:`svmkit.Program` (``prg.NAME(queue, ...)``) is this
+    very function (:class:`svmkit.Kernel` binds it as ``__call__``, so the kernel comes
+    first and swaps places with the queue: no second call on the hot path); ``options``
+    are PyOpenCL's other keywords (``global_offset``...), passed on.
 
     Parameters
     ----------
@@ -50,7 +56,8 @@ def launch(
         (see :mod:`svmkit.ops.placeholder`: NVIDIA's OpenCL refuses NULL there).  An object with
         ``kernel_arg`` and ``svm_pointers`` attributes (a :class:`~svmkit.WorkQueue`)
         passes as ``kernel_arg`` and has its ``svm_pointers`` registered.  Anything else
-        passes to PyOpenCL unchanged.
+        passes to PyOpenCL unchanged, but for a NumPy array of host memory (``ndim >=
+        1``), which no device can address: ``InvalidValueError``.
     uses:
         SVMArrays (or work queues) the kernel reaches only through pointers stored in SVM;
         registered with ``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS)``.  That list
@@ -62,6 +69,8 @@ def launch(
     ------
     InvalidContextError
         Kernel, queue, array or event of another context.
+    InvalidValueError
+        A NumPy array in host memory as an argument (pass an SVMArray: ``sk.asarray``).
     MapStateError
         An array argument or ``uses`` entry overlaps a mapped coarse-grain region; each
         counts as written unless its policy's access is ``READ_ONLY``.
@@ -76,10 +85,14 @@ def launch(
     kernel.  The SVM pointers registered stay registered on the kernel object until the
     next ``launch`` of it replaces them.
     """
-    if queue is None:
-        queue = check_queue(None, context_of(kernel))
-    elif not isinstance(queue, cl.CommandQueue):
-        queue = check_queue(queue, context_of(kernel))  # raises
+    if type(queue) is not _COMMAND_QUEUE:
+        if type(queue) in TRACKED_KERNELS:
+            queue, kernel = kernel, queue  # an sk.Kernel's call: `k(queue, ...)` binds k first
+        if type(queue) is not _COMMAND_QUEUE:
+            if queue is None:
+                queue = check_queue(None, context_of(kernel))
+            elif not isinstance(queue, cl.CommandQueue):
+                queue = check_queue(queue, context_of(kernel))  # raises
     context = context_of(queue)
     check_kernel_context(kernel, context)
     wait = wait_list(context, wait_for) if wait_for is not None else None
@@ -105,6 +118,8 @@ def launch(
                 system = True
         elif isinstance(arg, _PLAIN_BASES):
             _plain_types.add(type(arg))  # (next time one set lookup decides)
+        elif isinstance(arg, np.ndarray) and arg.ndim:
+            raise _host_array_argument(i, arg)
         elif hasattr(arg, "kernel_arg") and hasattr(arg, "svm_pointers"):
             call_args = call_args or list(args)
             call_args[i] = arg.kernel_arg
@@ -130,7 +145,13 @@ def launch(
     if system and not getattr(kernel, "_svmkit_fine_grain_system", False):
         _allow_fine_grain_system(kernel)
     event = calls.enqueue_kernel(
-        queue, kernel, global_size, local_size, args if call_args is None else call_args, wait
+        queue,
+        kernel,
+        global_size,
+        local_size,
+        args if call_args is None else call_args,
+        wait,
+        options,
     )
     for alloc in allocs:
         record_event(alloc, event, queue)
@@ -142,10 +163,25 @@ def launch(
 
 
 _SYSTEM = Granularity.SYSTEM
+_COMMAND_QUEUE = cl.CommandQueue
+TRACKED_KERNELS: set[type] = set()
+"""The kernel classes whose ``__call__`` is :func:`launch` (:class:`svmkit.Kernel` and its
+subclasses register themselves)."""
 _PLAIN_BASES = (np.generic, int, float, bytes, type(None))
 """Arguments passed to PyOpenCL unchanged without a look at their attributes."""
 _plain_types: set[type] = set()
 """The exact types seen to be :data:`_PLAIN_BASES` (a cache of that ``isinstance`` test)."""
+
+
+def _host_array_argument(index: int, arg: np.ndarray[Any, Any]) -> InvalidValueError:
+    """The error for a NumPy array of host memory given as a kernel argument: a kernel
+    reaches memory through SVM pointers (or buffers), and PyOpenCL would pass the array's
+    bytes by value (``CL_INVALID_ARG_SIZE``)."""
+    return InvalidValueError(
+        f"kernel argument {index} is a NumPy array (shape {arg.shape}, dtype {arg.dtype}) in "
+        "host memory, which the device cannot address; copy it into SVM with "
+        "sk.asarray(ctx, array), or allocate it there with sk.numpy_allocator()"
+    )
 
 
 def _listable(alloc: Allocation) -> bool:
