@@ -4,10 +4,16 @@
 when any is still pending, in the order the releases were asked for, never blocking the
 caller and never calling OpenCL from a driver callback thread.  :func:`release_soon` hands
 a release over from a finalizer (an export dying, perhaps inside a garbage collection
-that interrupted a pool holding its lock): it takes no lock at all, only puts the release
-into the thread's inbox (:class:`queue.SimpleQueue`, whose ``put`` is reentrant and safe
-in finalizers).  Interpreter exit (:mod:`svmkit.events.shutdown`) drains it for a bounded
-time and then stops releasing.
+that interrupted a pool holding its lock): it takes no lock at all, only appends the
+release to the hand-off list (a :class:`collections.deque`, whose ``append`` is atomic)
+and wakes the thread through its inbox (:class:`queue.SimpleQueue`, whose ``put`` is
+reentrant and safe in finalizers).  Interpreter exit (:mod:`svmkit.events.shutdown`)
+drains it for a bounded time and then stops releasing.
+
+:func:`settle` is what statistics read first, so that no figure lags behind the release
+thread: the calling thread runs the hand-offs not yet claimed itself, waits for those
+another thread is running, and waits while the release thread runs queued releases whose
+events already completed.  Each hand-off runs once, on whichever thread pops it first.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ __all__ = [
     "handoff",
     "release_after",
     "release_soon",
+    "settle",
     "shutting_down",
     "stop_releasing",
 ]
@@ -42,10 +49,16 @@ log = logging.getLogger("svmkit.events")
 
 _releases: collections.deque[tuple[list[cl.Event], Callable[[], Any]]] = collections.deque()
 _releases_cond = threading.Condition()
-# What wakes the release thread: a _WAKE token after each release_after, a release handed
-# over by release_soon, or a drain marker.  SimpleQueue.put takes no Python-level lock.
+# What wakes the release thread: a _WAKE token after each release_after and each hand-off,
+# or a drain marker.  SimpleQueue.put takes no Python-level lock.
 _inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
 _WAKE = object()
+# Releases handed over by finalizers (release_soon, handoff), oldest first: appended
+# without a lock, popped (atomically) by the release thread or by a settle()-ing reader.
+_handoffs: collections.deque[Any] = collections.deque()
+_active: dict[int, int] = {}  # thread id -> depth of _run_handoffs running on it
+_settled = threading.Condition(threading.Lock())  # notified when a thread stops running them
+_settling = 0  # threads waiting on _settled (under it)
 _reaper: threading.Thread | None = None
 _busy = False  # a release is running on the release thread right now
 _running = threading.Lock()  # held by the release thread while a release runs
@@ -129,28 +142,105 @@ def release_soon(release: Callable[[], Any]) -> None:
     Takes no lock (a finalizer may run inside a garbage collection that interrupted a
     thread holding any lock); the release thread must already run
     (:func:`ensure_release_thread`, called when the object to be finalized was made).
+    A reader of statistics may run it first (:func:`settle`), on its own thread.
     """
-    _inbox.put(release)
+    _handoffs.append(release)
+    _inbox.put(_WAKE)
 
 
 def handoff(item: Any) -> None:
-    """Hand ``item`` to the release thread, which calls ``item.run_release()``: for
-    finalizers (no lock taken).  A finalizer calling it catches ``KeyboardInterrupt`` and
-    hands the interrupt back to the main thread (Python drops exceptions raised inside a
-    finalizer, and a Ctrl-C would be lost), so ``run_release`` must be a one-shot."""
-    _inbox.put(item)
+    """Hand ``item`` over for ``item.run_release()``, on the release thread or on a
+    thread that reads statistics first (:func:`settle`): for finalizers (no lock taken).
+    A finalizer calling it catches ``KeyboardInterrupt`` and hands the interrupt back to
+    the main thread (Python drops exceptions raised inside a finalizer, and a Ctrl-C would
+    be lost), so ``run_release`` must be a one-shot, even when two threads run it."""
+    _handoffs.append(item)
+    _inbox.put(_WAKE)
 
 
 def _reap() -> None:
     while True:
         item = _inbox.get()
-        if isinstance(item, _Marker):
+        if _handoffs:
+            _run_handoffs()
+        if _releases or isinstance(item, _Marker):
             _run_queued()
+        if isinstance(item, _Marker):
             item.done.set()
-            continue
-        if item is not _WAKE:  # a release handed over by a finalizer
-            _run(getattr(item, "run_release", item))
-        _run_queued()
+
+
+def _run_handoffs() -> None:
+    """Claim and run the hand-offs, oldest first, until none is left.
+
+    A thread marks itself active before it pops one (``popleft`` is atomic), so a thread
+    that finds the list empty and no other thread active knows every hand-off ran.
+    """
+    me = threading.get_ident()
+    _active[me] = _active.get(me, 0) + 1  # (only this thread writes its own key)
+    try:
+        reaper = threading.current_thread() is _reaper
+        while True:
+            try:
+                item = _handoffs.popleft()
+            except IndexError:
+                return
+            release = getattr(item, "run_release", item)
+            if reaper:
+                _run(release)  # stop_releasing() waits for it
+            elif not _shutting_down:
+                try:
+                    release()
+                except Exception:  # the reader's statistics still come back
+                    log.exception("releasing SVM memory failed")
+    finally:
+        depth = _active[me] - 1
+        if depth:
+            _active[me] = depth
+        else:
+            del _active[me]
+            if _settling:
+                with _settled:
+                    _settled.notify_all()
+
+
+def _wait_for_other_handoffs(deadline: float | None) -> bool:
+    """Wait until no other thread runs a hand-off; False if ``deadline`` passed first."""
+    global _settling
+    me = threading.get_ident()
+    if len(_active) <= (me in _active):
+        return True
+    with _settled:
+        _settling += 1
+        try:
+            while len(_active) > (me in _active):
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                _settled.wait(0.05 if remaining is None else min(remaining, 0.05))
+        finally:
+            _settling -= 1
+    return True
+
+
+def settle() -> None:
+    """Bring deferred releases up to date before statistics are read.
+
+    Runs, on the calling thread, every release finalizers handed over that no thread
+    took yet, waits for those another thread is running, then waits while the release
+    thread runs queued releases whose events already completed (those still waiting for
+    their events stay counted).  Costs three reads when nothing is pending.  Never call
+    it from a finalizer, nor while holding a lock a release takes (a resource's).
+    """
+    if _handoffs:
+        _run_handoffs()
+    if _active:
+        _wait_for_other_handoffs(None)
+    if _releases and release_thread_running() and threading.current_thread() is not _reaper:
+        with _releases_cond:
+            while _releases and not _shutting_down:
+                if not _busy and not all(is_complete(e) for e in _releases[0][0]):
+                    break  # its work still runs: it stays counted
+                _releases_cond.wait(0.05)
 
 
 def _run(release: Callable[[], Any]) -> None:
@@ -206,6 +296,9 @@ def drain(timeout: float | None = None) -> bool:
     finalizers with :func:`release_soon` before the call.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
+    _run_handoffs()
+    if not _wait_for_other_handoffs(deadline):
+        return False
     reaper = _reaper
     if reaper is not None and reaper.is_alive() and threading.current_thread() is not reaper:
         marker = _Marker()
@@ -242,9 +335,13 @@ def _forget_parent_releases() -> None:
     """In a forked child: no release thread runs, and the parent's pending releases never
     run here; a fresh inbox (the parent's release thread may have been waiting on the old
     one, which the child then cannot use)."""
-    global _inbox, _reaper, _busy
-    fork.keep((list(_releases), _inbox))
+    global _inbox, _reaper, _busy, _settled, _settling
+    fork.keep((list(_releases), list(_handoffs), _inbox, _settled))
     _releases.clear()
+    _handoffs.clear()
+    _active.clear()
+    _settled = threading.Condition(threading.Lock())  # (perhaps held by a parent's thread)
+    _settling = 0
     _inbox = queue.SimpleQueue()
     _reaper = None
     _busy = False
