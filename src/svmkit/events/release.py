@@ -185,7 +185,7 @@ def _run_handoffs() -> None:
             except IndexError:
                 return
             release = getattr(item, "run_release", item)
-            if reaper:
+            if reaper and not _busy:  # (busy: settle() called inside a release)
                 _run(release)  # stop_releasing() waits for it
             elif not _shutting_down:
                 try:
