@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import random
 import threading
+import time
 import warnings
 from typing import Any
 
@@ -570,6 +571,36 @@ def test_figures_are_exact_right_after_threads_free_exported_arrays_long(
     ctx: cl.Context, figure: str
 ) -> None:
     free_exported_arrays(ctx, figure, THREADS, rounds=200, iterations=400)
+
+
+@pytest.mark.needs("fine")
+def test_reading_while_threads_keep_freeing_exported_arrays_is_never_held_up(
+    ctx: cl.Context,
+) -> None:
+    # A reader waits only for the releases other threads run at the moment it reads,
+    # never for the ones a steady stream of finalizers keeps handing over after it.
+    pool = sk.Pool(ctx, sk.Policy.fine())
+    stop = threading.Event()
+
+    def body(i: int) -> None:
+        if i == 0:  # the reader
+            slowest, reads, end = 0.0, 0, time.perf_counter() + 0.5
+            while time.perf_counter() < end:
+                start = time.perf_counter()
+                assert pool.stats()["current_bytes"] % 64 == 0
+                slowest = max(slowest, time.perf_counter() - start)
+                reads += 1
+            stop.set()
+            assert reads > 10
+            assert slowest < 1.0, f"a read took {slowest:.3f} s"
+            return
+        while not stop.is_set():
+            a = pool.empty(16, np.float32)
+            a.host[:] = i
+            a.free()
+
+    run_threads(body, 4, start_together=True)
+    assert pool.stats()["current_bytes"] == 0
 
 
 @pytest.mark.needs("fine")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import itertools
 import logging
 import queue
 import threading
@@ -56,7 +57,8 @@ _WAKE = object()
 # Releases handed over by finalizers (release_soon, handoff), oldest first: appended
 # without a lock, popped (atomically) by the release thread or by a settle()-ing reader.
 _handoffs: collections.deque[Any] = collections.deque()
-_active: dict[int, int] = {}  # thread id -> depth of _run_handoffs running on it
+_tickets = itertools.count()  # (next() is atomic)
+_claims: dict[int, int] = {}  # ticket -> thread id, while that thread claims or runs one
 _settled = threading.Condition(threading.Lock())  # notified when a thread stops running them
 _settling = 0  # threads waiting on _settled (under it)
 _reaper: threading.Thread | None = None
@@ -172,14 +174,16 @@ def _reap() -> None:
 def _run_handoffs() -> None:
     """Claim and run the hand-offs, oldest first, until none is left.
 
-    A thread marks itself active before it pops one (``popleft`` is atomic), so a thread
-    that finds the list empty and no other thread active knows every hand-off ran.
+    A thread takes a ticket (listed in ``_claims`` until the hand-off ran) before it pops
+    one (``popleft`` is atomic), so a thread that finds the list empty knows that every
+    hand-off ran or belongs to a ticket listed now.
     """
     me = threading.get_ident()
-    _active[me] = _active.get(me, 0) + 1  # (only this thread writes its own key)
-    try:
-        reaper = threading.current_thread() is _reaper
-        while True:
+    reaper = threading.current_thread() is _reaper
+    while True:
+        ticket = next(_tickets)
+        _claims[ticket] = me
+        try:
             try:
                 item = _handoffs.popleft()
             except IndexError:
@@ -192,27 +196,26 @@ def _run_handoffs() -> None:
                     release()
                 except Exception:  # the reader's statistics still come back
                     log.exception("releasing SVM memory failed")
-    finally:
-        depth = _active[me] - 1
-        if depth:
-            _active[me] = depth
-        else:
-            del _active[me]
+        finally:
+            del _claims[ticket]
             if _settling:
                 with _settled:
                     _settled.notify_all()
 
 
 def _wait_for_other_handoffs(deadline: float | None) -> bool:
-    """Wait until no other thread runs a hand-off; False if ``deadline`` passed first."""
+    """Wait until the hand-offs other threads are running now ran (not those they take
+    later: a steady stream of them never holds a reader up); False if ``deadline``
+    passed first."""
     global _settling
     me = threading.get_ident()
-    if len(_active) <= (me in _active):
+    running = [t for t, thread in _claims.copy().items() if thread != me]
+    if not running:
         return True
     with _settled:
         _settling += 1
         try:
-            while len(_active) > (me in _active):
+            while any(t in _claims for t in running):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
@@ -233,7 +236,7 @@ def settle() -> None:
     """
     if _handoffs:
         _run_handoffs()
-    if _active:
+    if _claims:
         _wait_for_other_handoffs(None)
     if _releases and release_thread_running() and threading.current_thread() is not _reaper:
         with _releases_cond:
@@ -293,7 +296,8 @@ def drain(timeout: float | None = None) -> bool:
     """Wait until every deferred release ran; False if ``timeout`` passed first.
 
     Covers releases asked for with :func:`release_after` and those handed over by
-    finalizers with :func:`release_soon` before the call.
+    finalizers with :func:`release_soon` before the call (the calling thread runs those
+    no thread took yet, as :func:`settle` does).
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     _run_handoffs()
@@ -339,7 +343,7 @@ def _forget_parent_releases() -> None:
     fork.keep((list(_releases), list(_handoffs), _inbox, _settled))
     _releases.clear()
     _handoffs.clear()
-    _active.clear()
+    _claims.clear()
     _settled = threading.Condition(threading.Lock())  # (perhaps held by a parent's thread)
     _settling = 0
     _inbox = queue.SimpleQueue()
