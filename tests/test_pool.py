@@ -579,7 +579,7 @@ def test_reading_while_threads_keep_freeing_exported_arrays_is_never_held_up(
 ) -> None:
     # A reader waits only for the releases other threads run at the moment it reads,
     # never for the ones a steady stream of finalizers keeps handing over after it.
-    pool = sk.Pool(ctx, sk.Policy.fine())
+    pool = sk.PoolResource(sk.SVMResource(ctx, sk.Policy.fine()))  # (never a debug pool)
     stop = threading.Event()
 
     def body(i: int) -> None:
@@ -587,7 +587,7 @@ def test_reading_while_threads_keep_freeing_exported_arrays_is_never_held_up(
             slowest, reads, end = 0.0, 0, time.perf_counter() + 0.5
             while time.perf_counter() < end:
                 start = time.perf_counter()
-                assert pool.stats()["current_bytes"] % 64 == 0
+                assert pool.statistics()["current_bytes"] % 64 == 0
                 slowest = max(slowest, time.perf_counter() - start)
                 reads += 1
             stop.set()
@@ -595,12 +595,12 @@ def test_reading_while_threads_keep_freeing_exported_arrays_is_never_held_up(
             assert slowest < 1.0, f"a read took {slowest:.3f} s"
             return
         while not stop.is_set():
-            a = pool.empty(16, np.float32)
+            a = sk.empty(ctx, 16, np.float32, resource=pool)
             a.host[:] = i
             a.free()
 
     run_threads(body, 4, start_together=True)
-    assert pool.stats()["current_bytes"] == 0
+    assert pool.statistics()["current_bytes"] == 0
 
 
 @pytest.mark.needs("fine")

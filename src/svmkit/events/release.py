@@ -171,8 +171,9 @@ def _reap() -> None:
             item.done.set()
 
 
-def _run_handoffs() -> None:
-    """Claim and run the hand-offs, oldest first, until none is left.
+def _run_handoffs(limit: int | None = None) -> None:
+    """Claim and run the hand-offs, oldest first, until none is left (or ``limit`` ran:
+    a reader runs those handed over before it read, never a steady stream after them).
 
     A thread takes a ticket (listed in ``_claims`` until the hand-off ran) before it pops
     one (``popleft`` is atomic), so a thread that finds the list empty knows that every
@@ -180,7 +181,7 @@ def _run_handoffs() -> None:
     """
     me = threading.get_ident()
     reaper = threading.current_thread() is _reaper
-    while True:
+    for _ in itertools.repeat(None) if limit is None else range(limit):
         ticket = next(_tickets)
         _claims[ticket] = me
         try:
@@ -235,7 +236,7 @@ def settle() -> None:
     it from a finalizer, nor while holding a lock a release takes (a resource's).
     """
     if _handoffs:
-        _run_handoffs()
+        _run_handoffs(len(_handoffs))
     if _claims:
         _wait_for_other_handoffs(None)
     if _releases and release_thread_running() and threading.current_thread() is not _reaper:
@@ -300,7 +301,7 @@ def drain(timeout: float | None = None) -> bool:
     no thread took yet, as :func:`settle` does).
     """
     deadline = None if timeout is None else time.monotonic() + timeout
-    _run_handoffs()
+    _run_handoffs(len(_handoffs))
     if not _wait_for_other_handoffs(deadline):
         return False
     reaper = _reaper
