@@ -927,6 +927,26 @@ class SVMMachine(RuleBasedStateMachine):
             info = pool.info()
             assert info["live_allocations"] >= 0 and info["fragmented_bytes"] >= 0, info
 
+    @invariant()
+    def statistics_count_what_is_held(self) -> None:
+        # Exact when read, with no drain: an allocation counts while it is unfreed, mapped
+        # (given back at the unmap) or held by a live export.
+        held = {id(a): a for a in self.allocs if not a.freed}
+        also = [e.alloc for e in self.exports] + [m.handle.alloc for m in self.maps]
+        held.update((id(a), a) for a in also)
+        for res in self.resources.values():
+            pooled = isinstance(res, sk.Pool)
+            mine = [
+                a
+                for a in held.values()
+                if a.data.size and (a.policy, a.pooled) == (res.policy, pooled)
+            ]
+            stats = res.stats()
+            counted = (len(mine), sum(a.data.size for a in mine))
+            assert (stats["current_allocations"], stats["current_bytes"]) == counted, stats
+            if pooled:
+                assert (stats["live_allocations"], stats["in_use_bytes"]) == counted, stats
+
     # -- the invariant --------------------------------------------------------------------
     @invariant()
     def memory_matches_model(self) -> None:

@@ -20,7 +20,6 @@ import pytest
 from _helpers import run_threads
 
 import svmkit as sk
-from svmkit import events
 
 SCALE = float(os.environ.get("SVMKIT_STRESS_SCALE", "1"))
 POOL_THREADS = 8
@@ -67,8 +66,7 @@ def test_pool_threads_exact_accounting(ctx, caps):
     run_threads(worker, POOL_THREADS, timeout=3600)
     elapsed = time.perf_counter() - start
     assert errors == []
-    assert events.drain(10.0)
-    stats = pool.stats()
+    stats = pool.stats()  # exact when read: no drain() first
     assert stats["total_allocations"] == sum(counts)
     assert stats["current_allocations"] == 0 and stats["current_bytes"] == 0
     assert stats["live_allocations"] == 0 and stats["in_use_bytes"] == 0

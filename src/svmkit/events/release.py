@@ -4,16 +4,23 @@
 when any is still pending, in the order the releases were asked for, never blocking the
 caller and never calling OpenCL from a driver callback thread.  :func:`release_soon` hands
 a release over from a finalizer (an export dying, perhaps inside a garbage collection
-that interrupted a pool holding its lock): it takes no lock at all, only puts the release
-into the thread's inbox (:class:`queue.SimpleQueue`, whose ``put`` is reentrant and safe
-in finalizers).  Interpreter exit (:mod:`svmkit.events.shutdown`) drains it for a bounded
-time and then stops releasing.
+that interrupted a pool holding its lock): it takes no lock at all, only appends the
+release to the hand-off list (a :class:`collections.deque`, whose ``append`` is atomic)
+and wakes the thread through its inbox (:class:`queue.SimpleQueue`, whose ``put`` is
+reentrant and safe in finalizers).  Interpreter exit (:mod:`svmkit.events.shutdown`)
+drains it for a bounded time and then stops releasing.
+
+:func:`settle` is what statistics read first, so that no figure lags behind the release
+thread: the calling thread runs the hand-offs not yet claimed itself, waits for those
+another thread is running, and waits while the release thread runs queued releases whose
+events already completed.  Each hand-off runs once, on whichever thread pops it first.
 """
 
 from __future__ import annotations
 
 import collections
 import gc
+import itertools
 import logging
 import queue
 import threading
@@ -35,6 +42,7 @@ __all__ = [
     "handoff",
     "release_after",
     "release_soon",
+    "settle",
     "shutting_down",
     "stop_releasing",
 ]
@@ -43,10 +51,17 @@ log = logging.getLogger("svmkit.events")
 
 _releases: collections.deque[tuple[list[cl.Event], Callable[[], Any]]] = collections.deque()
 _releases_cond = threading.Condition()
-# What wakes the release thread: a _WAKE token after each release_after, a release handed
-# over by release_soon, or a drain marker.  SimpleQueue.put takes no Python-level lock.
+# What wakes the release thread: a _WAKE token after each release_after and each hand-off,
+# or a drain marker.  SimpleQueue.put takes no Python-level lock.
 _inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
 _WAKE = object()
+# Releases handed over by finalizers (release_soon, handoff), oldest first: appended
+# without a lock, popped (atomically) by the release thread or by a settle()-ing reader.
+_handoffs: collections.deque[Any] = collections.deque()
+_tickets = itertools.count()  # (next() is atomic)
+_claims: dict[int, int] = {}  # ticket -> thread id, while that thread claims or runs one
+_settled = threading.Condition(threading.Lock())  # notified when a thread stops running them
+_settling = 0  # threads waiting on _settled (under it)
 _reaper: threading.Thread | None = None
 _busy = False  # a release is running on the release thread right now
 _running = threading.Lock()  # held by the release thread while a release runs
@@ -130,28 +145,107 @@ def release_soon(release: Callable[[], Any]) -> None:
     Takes no lock (a finalizer may run inside a garbage collection that interrupted a
     thread holding any lock); the release thread must already run
     (:func:`ensure_release_thread`, called when the object to be finalized was made).
+    A reader of statistics may run it first (:func:`settle`), on its own thread.
     """
-    _inbox.put(release)
+    _handoffs.append(release)
+    _inbox.put(_WAKE)
 
 
 def handoff(item: Any) -> None:
-    """Hand ``item`` to the release thread, which calls ``item.run_release()``: for
-    finalizers (no lock taken).  A finalizer calling it catches ``KeyboardInterrupt`` and
-    hands the interrupt back to the main thread (Python drops exceptions raised inside a
-    finalizer, and a Ctrl-C would be lost), so ``run_release`` must be a one-shot."""
-    _inbox.put(item)
+    """Hand ``item`` over for ``item.run_release()``, on the release thread or on a
+    thread that reads statistics first (:func:`settle`): for finalizers (no lock taken).
+    A finalizer calling it catches ``KeyboardInterrupt`` and hands the interrupt back to
+    the main thread (Python drops exceptions raised inside a finalizer, and a Ctrl-C would
+    be lost), so ``run_release`` must be a one-shot, even when two threads run it."""
+    _handoffs.append(item)
+    _inbox.put(_WAKE)
 
 
 def _reap() -> None:
     while True:
         item = _inbox.get()
-        if isinstance(item, _Marker):
+        if _handoffs:
+            _run_handoffs()
+        if _releases or isinstance(item, _Marker):
             _run_queued()
+        if isinstance(item, _Marker):
             item.done.set()
-            continue
-        if item is not _WAKE:  # a release handed over by a finalizer
-            _run(getattr(item, "run_release", item))
-        _run_queued()
+
+
+def _run_handoffs(limit: int | None = None) -> None:
+    """Claim and run the hand-offs, oldest first, until none is left (or ``limit`` ran:
+    a reader runs those handed over before it read, never a steady stream after them).
+
+    A thread takes a ticket (listed in ``_claims`` until the hand-off ran) before it pops
+    one (``popleft`` is atomic), so a thread that finds the list empty knows that every
+    hand-off ran or belongs to a ticket listed now.
+    """
+    me = threading.get_ident()
+    reaper = threading.current_thread() is _reaper
+    for _ in itertools.repeat(None) if limit is None else range(limit):
+        ticket = next(_tickets)
+        _claims[ticket] = me
+        try:
+            try:
+                item = _handoffs.popleft()
+            except IndexError:
+                return
+            release = getattr(item, "run_release", item)
+            if reaper and not _busy:  # (busy: settle() called inside a release)
+                _run(release)  # stop_releasing() waits for it
+            elif not _shutting_down:
+                try:
+                    release()
+                except Exception:  # the reader's statistics still come back
+                    log.exception("releasing SVM memory failed")
+        finally:
+            del _claims[ticket]
+            if _settling:
+                with _settled:
+                    _settled.notify_all()
+
+
+def _wait_for_other_handoffs(deadline: float | None) -> bool:
+    """Wait until the hand-offs other threads are running now ran (not those they take
+    later: a steady stream of them never holds a reader up); False if ``deadline``
+    passed first."""
+    global _settling
+    me = threading.get_ident()
+    running = [t for t, thread in _claims.copy().items() if thread != me]
+    if not running:
+        return True
+    with _settled:
+        _settling += 1
+        try:
+            while any(t in _claims for t in running):
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                _settled.wait(0.05 if remaining is None else min(remaining, 0.05))
+        finally:
+            _settling -= 1
+    return True
+
+
+def settle() -> None:
+    """Bring deferred releases up to date before statistics are read.
+
+    Runs, on the calling thread, every release finalizers handed over that no thread
+    took yet, waits for those another thread is running, then waits while the release
+    thread runs queued releases whose events already completed (those still waiting for
+    their events stay counted).  Costs three reads when nothing is pending.  Never call
+    it from a finalizer, nor while holding a lock a release takes (a resource's).
+    """
+    if _handoffs:
+        _run_handoffs(len(_handoffs))
+    if _claims:
+        _wait_for_other_handoffs(None)
+    if _releases and release_thread_running() and threading.current_thread() is not _reaper:
+        with _releases_cond:
+            while _releases and not _shutting_down:
+                if not _busy and not all(is_complete(e) for e in _releases[0][0]):
+                    break  # its work still runs: it stays counted
+                _releases_cond.wait(0.05)
 
 
 def _run(release: Callable[[], Any]) -> None:
@@ -204,9 +298,13 @@ def drain(timeout: float | None = None) -> bool:
     """Wait until every deferred release ran; False if ``timeout`` passed first.
 
     Covers releases asked for with :func:`release_after` and those handed over by
-    finalizers with :func:`release_soon` before the call.
+    finalizers with :func:`release_soon` before the call (the calling thread runs those
+    no thread took yet, as :func:`settle` does).
     """
     deadline = None if timeout is None else time.monotonic() + timeout
+    _run_handoffs(len(_handoffs))
+    if not _wait_for_other_handoffs(deadline):
+        return False
     reaper = _reaper
     if reaper is not None and reaper.is_alive() and threading.current_thread() is not reaper:
         marker = _Marker()
@@ -243,9 +341,13 @@ def _forget_parent_releases() -> None:
     """In a forked child: no release thread runs, and the parent's pending releases never
     run here; a fresh inbox (the parent's release thread may have been waiting on the old
     one, which the child then cannot use)."""
-    global _inbox, _reaper, _busy
-    fork.keep((list(_releases), _inbox))
+    global _inbox, _reaper, _busy, _settled, _settling
+    fork.keep((list(_releases), list(_handoffs), _inbox, _settled))
     _releases.clear()
+    _handoffs.clear()
+    _claims.clear()
+    _settled = threading.Condition(threading.Lock())  # (perhaps held by a parent's thread)
+    _settling = 0
     _inbox = queue.SimpleQueue()
     _reaper = None
     _busy = False

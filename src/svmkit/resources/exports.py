@@ -16,11 +16,12 @@ bytes (:class:`HostOwner`) whose buffer is a ctypes array, so NumPy never collap
 view's ``base`` past it, and every NumPy view, DLPack capsule or PyOpenCL array made from
 the export keeps it alive.  An owner belongs to one hand-out of memory (one
 :class:`Allocation`), never to the block a pool reuses.  An :class:`ExportRecord` counts
-the live owners.  An owner's finaliser only hands the record to svmkit's release thread
+the live owners.  An owner's finaliser only hands the record over
 (:data:`~svmkit.events.release.handoff`, no lock taken: it may run inside a garbage
-collection that interrupted a pool holding its lock); the count changes there, under this
-module's lock, and the memory is released there once the count reaches zero and the
-allocation is freed.
+collection that interrupted a pool holding its lock); the count changes on svmkit's
+release thread, or on the thread that reads statistics first
+(:func:`~svmkit.events.release.settle`), under this module's lock, and the memory is
+released there once the count reaches zero and the allocation is freed.
 
 ``free()`` writes ``freed`` before it reads ``Allocation.exports``; making an export
 writes ``exports`` (and reserves a count) before it reads ``freed``.  So either the
@@ -96,19 +97,17 @@ class HostOwner(np.ndarray):
 
 
 class _Drop:
-    """One owner fewer for ``record``, once, on the release thread (see :func:`~svmkit.
-    events.release.handoff`)."""
+    """One owner fewer for ``record``, once, on the thread that claims the hand-off (see
+    :func:`~svmkit.events.release.handoff`)."""
 
     __slots__ = ("done", "record")
 
     def __init__(self, record: ExportRecord) -> None:
         self.record = record
-        self.done = False
+        self.done = False  # (read and set under the module's lock)
 
     def run_release(self) -> None:
-        if not self.done:  # (only the release thread runs this)
-            self.done = True
-            self.record.dropped()
+        self.record.dropped(self)
 
 
 class ExportRecord:
@@ -141,10 +140,13 @@ class ExportRecord:
         _order_after(alloc, queues)
         return True
 
-    def dropped(self) -> None:
-        """An owner died (run on the release thread): release once none lives and the
-        allocation is freed."""
+    def dropped(self, drop: _Drop) -> None:
+        """An owner died (``drop`` handed over by its finaliser, counted once): release
+        once none lives and the allocation is freed."""
         with _lock:
+            if drop.done:  # handed over twice (an interrupted finaliser)
+                return
+            drop.done = True
             self.count -= 1
             if self.count:
                 return

@@ -18,7 +18,7 @@ import pyopencl as cl
 from svmkit.driver import fork
 from svmkit.errors import InvalidValueError, OutOfMemoryError
 from svmkit.events import shutting_down
-from svmkit.events.release import ensure_release_thread
+from svmkit.events.release import ensure_release_thread, settle
 from svmkit.policy import check_alignment, check_size
 from svmkit.resources._cpool import Block, BlockCache, class_size, next_generation, size_class
 from svmkit.resources._freelist import FreeList
@@ -266,6 +266,7 @@ class PoolResource(MemoryResource):
         """
         if fork.forked:
             fork.check_owned(self.context, f"this {type(self).__name__}")
+        settle()  # exact when read: releases handed over by finalizers counted first
         with self._cache:
             free = self._free
             block_bytes = self._upstream_bytes - free.cached_bytes
@@ -287,15 +288,17 @@ class PoolResource(MemoryResource):
         """The counters :class:`StatisticsAdaptor` keeps, for allocations of this pool:
         ``current_bytes``, ``peak_bytes``, ``total_bytes``, ``current_allocations``,
         ``peak_allocations``, ``total_allocations`` (bytes asked for; a consistent
-        snapshot)."""
+        snapshot, exact when read: see :func:`~svmkit.events.release.settle`)."""
         if fork.forked:
             fork.check_owned(self.context, f"this {type(self).__name__}")
+        settle()
         with self._cache:
             return self._counts.snapshot()
 
     @property
     def cached_bytes(self) -> int:
         """Bytes the pool holds for reuse (ready and pending)."""
+        settle()
         return self._free.cached_bytes
 
 

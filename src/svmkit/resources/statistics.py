@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+from svmkit.events.release import settle
 from svmkit.resources._adaptor import ResourceAdaptor
 from svmkit.resources.base import Allocation, MemoryResource
 from svmkit.resources.counters import AllocationCounters
@@ -40,6 +41,8 @@ class StatisticsAdaptor(ResourceAdaptor):
         self.upstream.deallocate(allocation)
 
     def stats(self) -> dict[str, int]:
-        """Counters since creation (a consistent snapshot)."""
+        """Counters since creation (a consistent snapshot, exact when read: releases that
+        finalizers handed over run first, :func:`~svmkit.events.release.settle`)."""
+        settle()
         with self._lock:
             return self._counts.snapshot()

@@ -8,6 +8,7 @@ import traceback
 import weakref
 from dataclasses import dataclass
 
+from svmkit.events.release import settle
 from svmkit.resources._adaptor import ResourceAdaptor
 from svmkit.resources.base import Allocation, MemoryResource
 
@@ -63,7 +64,9 @@ class TrackingAdaptor(ResourceAdaptor):
     def outstanding(self) -> list[Outstanding]:
         """Allocations made through this adaptor whose memory has not come back, oldest
         first, with their stacks: live ones, and freed ones an export still holds
-        (``held_by_exports``)."""
+        (``held_by_exports``).  Exact when read: releases that finalizers handed over run
+        first (:func:`~svmkit.events.release.settle`)."""
+        settle()
         with self._lock:
             entries = list(self._live.values())
         out = []
