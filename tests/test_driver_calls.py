@@ -174,7 +174,9 @@ def test_kernels_are_made_or_refused_typed(ctx):
     program.build(b"-cl-kernel-arg-info", list(ctx.devices))
     assert driver_calls.kernel_names(program) == ["k"]
     err = _typed(
-        sk.InvalidValueError, "CL_INVALID_KERNEL_NAME", lambda: driver_calls.new_kernel(program, "j")
+        sk.InvalidValueError,
+        "CL_INVALID_KERNEL_NAME",
+        lambda: driver_calls.new_kernel(program, "j"),
     )
     assert "'j'" in str(err)
     kernel = driver_calls.new_kernel(program, "k")
