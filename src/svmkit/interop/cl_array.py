@@ -21,13 +21,9 @@ import pyopencl as cl
 
 from svmkit.driver import calls
 from svmkit.driver.per_context import PerContext
-from svmkit.errors import InvalidContextError, InvalidValueError, SVMError
-from svmkit.events.release import (
-    collecting,
-    ensure_release_thread,
-    release_soon,
-    shutting_down,
-)
+from svmkit.errors import InvalidContextError, InvalidValueError
+from svmkit.events.epochs import QueueEpochs, queue_epochs
+from svmkit.events.release import ensure_release_thread
 from svmkit.policy import Policy
 from svmkit.resources.base import Allocation, MemoryResource
 from svmkit.resources.current import current_resource
@@ -73,51 +69,26 @@ def to_cl_array(a: SVMArray, queue: cl.CommandQueue | None = None) -> cla.Array:
 
 
 class _Block(cl.SVM):  # type: ignore[misc]
-    """One allocation lent to ``pyopencl.array``: an SVM pointer that gives its memory
-    back, after a marker on its queue, when PyOpenCL drops it."""
+    """One allocation lent to ``pyopencl.array``: an SVM pointer whose memory goes back
+    through its queue's release epochs (:mod:`svmkit.events.epochs`) when PyOpenCL drops
+    it, so only once a marker enqueued after the drop has completed."""
 
-    __slots__ = ("allocation", "queue")
+    __slots__ = ("allocation", "epochs")
 
     allocation: Allocation
-    queue: cl.CommandQueue
+    epochs: QueueEpochs
 
     def __del__(self) -> None:
-        allocation = getattr(self, "allocation", None)
-        if allocation is None or shutting_down():
-            return  # at exit svmkit calls no driver any more
         try:
-            if collecting():  # perhaps inside a pool's lock: the release thread does it
-                release_soon(_Release(allocation, self.queue))
-            else:
-                _release(allocation, self.queue)
+            self.epochs.release(self.allocation)
         except Exception:  # never raise from a finaliser (interpreter may be exiting)
             pass
-
-
-class _Release:
-    __slots__ = ("allocation", "queue")
-
-    def __init__(self, allocation: Allocation, queue: cl.CommandQueue) -> None:
-        self.allocation, self.queue = allocation, queue
-
-    def __call__(self) -> None:
-        _release(self.allocation, self.queue)
-
-
-def _release(allocation: Allocation, queue: cl.CommandQueue) -> None:
-    """Give a lent block back once a marker enqueued on ``queue`` now has completed (it
-    follows every ``pyopencl.array`` command that may still use the block)."""
-    try:
-        allocation.events.record(calls.enqueue_marker(queue))
-    except SVMError:  # the queue went bad: wait for it instead
-        queue.finish()
-    allocation.free()
 
 
 class CLAllocator:
     """An ``allocator=`` for ``pyopencl.array`` (see :func:`cl_allocator`)."""
 
-    __slots__ = ("context", "queue", "resource")
+    __slots__ = ("context", "epochs", "queue", "resource")
 
     def __init__(self, queue: cl.CommandQueue, resource: MemoryResource | None = None) -> None:
         if not isinstance(queue, cl.CommandQueue):
@@ -132,6 +103,7 @@ class CLAllocator:
         self.queue = check_queue(queue, queue.context)
         self.context = queue.context
         self.resource = resource
+        self.epochs = queue_epochs(self.queue)
         ensure_release_thread()  # blocks dropped in a garbage collection are handed over
 
     def __call__(self, nbytes: int) -> _Block:
@@ -142,7 +114,7 @@ class CLAllocator:
         allocation = resource.allocate(nbytes)
         block = _Block(allocation.u8)
         block.allocation = allocation
-        block.queue = self.queue
+        block.epochs = self.epochs
         return block
 
     def __repr__(self) -> str:
