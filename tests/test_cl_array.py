@@ -5,6 +5,7 @@ block back only after a marker on the queue), reductions with mako."""
 from __future__ import annotations
 
 import gc
+import time
 
 import numpy as np
 import pyopencl as cl
@@ -14,7 +15,7 @@ import pytest
 import svmkit as sk
 from svmkit import events
 from svmkit.driver import calls
-from svmkit.events.epochs import EPOCH_BLOCKS, EPOCH_BYTES, queue_epochs
+from svmkit.events.epochs import EPOCH_BLOCKS, EPOCH_BYTES, TICK_SECONDS, queue_epochs
 
 SLOW = """
 __kernel void slow_fill(__global int *p, int n, int value) {
@@ -163,7 +164,7 @@ def test_cl_allocator_enqueues_one_marker_per_epoch(ctx, queue, monkeypatch):
     assert all(events.is_complete(m) for m in markers)
 
 
-def test_cl_allocator_large_block_closes_its_epoch_at_once(ctx, queue, monkeypatch):
+def test_cl_allocator_large_block_gets_a_marker_of_its_own(ctx, queue, monkeypatch):
     pool = sk.Pool(ctx, sk.Policy.best(ctx, system=False))
     alloc = sk.cl_allocator(queue, pool)
     markers = []
@@ -175,15 +176,35 @@ def test_cl_allocator_large_block_closes_its_epoch_at_once(ctx, queue, monkeypat
     blocker = calls.enqueue_marker(queue, [gate])
     try:
         block = alloc(EPOCH_BYTES)
+        address = block.svm_ptr
         before = len(markers)
         del block
-        assert len(markers) == before + 1  # closed on the releasing thread
-        assert queue_epochs(queue).pending() >= 1
+        assert len(markers) == before + 1  # on the releasing thread, at once
+        assert queue_epochs(queue).pending() == 0  # back in the pool, pending there
+        assert pool.info()["pending_bytes"] >= EPOCH_BYTES
+        again = alloc(EPOCH_BYTES)
+        assert again.svm_ptr != address
     finally:
         gate.set_status(cl.command_execution_status.COMPLETE)
     blocker.wait()
+    queue.finish()
+    assert alloc(EPOCH_BYTES).svm_ptr == address  # reused once its marker completed
+    del again
     assert events.drain(10.0)
     assert pool.stats()["current_bytes"] == 0
+
+
+def test_cl_allocator_memory_goes_back_without_a_drain(ctx, queue):
+    pool = sk.Pool(ctx, sk.Policy.best(ctx, system=False))
+    alloc = sk.cl_allocator(queue, pool)
+    x = cla.zeros(queue, 16, np.float32, allocator=alloc)
+    assert (x + 1).get().tolist() == [1.0] * 16
+    del x  # fewer releases than an epoch holds: the epoch thread closes it
+    deadline = time.monotonic() + 10.0
+    while pool.stats()["current_bytes"] and time.monotonic() < deadline:
+        time.sleep(TICK_SECONDS)
+    assert pool.stats()["current_bytes"] == 0
+    assert queue_epochs(queue).pending() == 0
 
 
 def test_cl_allocator_blocks_dropped_in_a_collection_go_back(ctx, queue):

@@ -8,33 +8,40 @@ previous enqueued commands to command_queue have completed" (in-order queue or n
 marker covers every release before it, so :class:`QueueEpochs` collects the releases of
 one queue in an *open epoch* and closes it with one marker:
 
-* after :data:`EPOCH_BLOCKS` releases, or at a release of :data:`EPOCH_BYTES` or more
-  (the memory waiting in an open epoch stays bounded), on the releasing thread;
-* soon after the first release of a burst, on svmkit's release thread, so memory never
-  waits for the next release (and :func:`svmkit.events.drain`, which a pool runs before it
-  reports running out of memory, covers it).
+* after :data:`EPOCH_BLOCKS` releases, on the releasing thread;
+* within a tick (:data:`TICK_SECONDS`) of the epoch's first release, on the epoch thread,
+  which runs only while some epoch holds memory, so memory never waits for the next
+  release (a thread woken per release would cost its wake-up on every burst);
+* at :func:`svmkit.events.drain` (a hook), which a pool runs before it reports running
+  out of memory, and which tests use.
 
-A closed epoch's items are freed once its marker completed: polled at the next close, or
-by the release thread (:func:`~svmkit.events.release.release_after`).  Nothing is freed
-before its epoch's marker completed, so memory never goes back under a running command of
-the queue.
+A closed epoch's items are freed once its marker completed: polled at the next close, by
+the epoch thread's next tick, or after a drain by the release thread
+(:func:`~svmkit.events.release.release_after`).  A release of :data:`EPOCH_BYTES` or more
+gets a marker of its own and goes back to its resource at once, as pending on that
+marker (a pool polls it when it needs the block), so large blocks never wait for company.
+Nothing is freed before a marker enqueued after its release completed, so memory never
+goes back under a running command of the queue.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import queue as _queue
 import threading
+import time
+import weakref
 from typing import Protocol
 
 import pyopencl as cl
 
-from svmkit.driver import calls
+from svmkit.driver import calls, fork
 from svmkit.errors import SVMError
-from svmkit.events.record import is_complete
-from svmkit.events.release import collecting, release_after, release_soon, shutting_down
+from svmkit.events.record import EventRecord, is_complete
+from svmkit.events.release import before_drain, collecting, release_after, shutting_down
 
-__all__ = ["EPOCH_BLOCKS", "EPOCH_BYTES", "QueueEpochs", "queue_epochs"]
+__all__ = ["EPOCH_BLOCKS", "EPOCH_BYTES", "TICK_SECONDS", "QueueEpochs", "queue_epochs"]
 
 log = logging.getLogger("svmkit.events")
 
@@ -42,15 +49,22 @@ EPOCH_BLOCKS = 32
 """Releases an open epoch collects before it closes on the releasing thread."""
 
 EPOCH_BYTES = 1 << 20
-"""A release at least this large closes its epoch at once (its marker is cheap beside
-the work such a block serves, and large blocks do not wait for company)."""
+"""A release at least this large gets a marker of its own (cheap beside the work such a
+block serves)."""
+
+TICK_SECONDS = 0.005
+"""How often the epoch thread closes open epochs and frees completed ones, while any
+epoch holds memory."""
 
 
 class Releasable(Protocol):
-    """What an epoch holds: ``nbytes`` and a ``free()`` that gives the memory back."""
+    """What an epoch holds (an :class:`~svmkit.resources.base.Allocation`)."""
 
     @property
     def nbytes(self) -> int: ...
+
+    @property
+    def events(self) -> EventRecord: ...
 
     def free(self) -> None: ...
 
@@ -58,37 +72,52 @@ class Releasable(Protocol):
 class QueueEpochs:
     """The release epochs of one command queue (see the module documentation).
 
-    :meth:`release` takes no lock and enqueues nothing in the common case (a list append),
-    so it is safe in finalizers, inside a garbage collection included.
+    :meth:`release` takes no lock and, but every :data:`EPOCH_BLOCKS`-th time, enqueues
+    nothing (a list append), so it is safe in finalizers, inside a garbage collection
+    included.
     """
 
-    __slots__ = ("_closed", "_flush", "_lock", "_open", "_scheduled", "queue")
+    __slots__ = ("__weakref__", "_closed", "_lock", "_open", "orphaned", "queue")
+    svmkit_exit_events = "pending_events"  # waited for at exit (svmkit.events.exit_wait)
 
     def __init__(self, queue: cl.CommandQueue) -> None:
         self.queue = queue
         self._open: list[Releasable] = []  # released since the last marker, oldest first
+        # (marker, what it covers), oldest first; None: nothing left to wait for
         self._closed: collections.deque[tuple[cl.Event | None, list[Releasable]]] = (
             collections.deque()
-        )  # (marker, what it covers), oldest first; None: nothing left to wait for
+        )
         self._lock = threading.Lock()  # closing and reaping (never held while freeing)
-        self._scheduled = False  # a flush is in the release thread's inbox
-        self._flush = self.flush  # (bound once: release hands it over without allocating)
+        self.orphaned = False  # the parent's, in a forked child: never released there
+        _live.add(self)
+        _ensure_epoch_thread()
 
     def release(self, item: Releasable) -> None:
         """Free ``item`` once every command enqueued on the queue before this call
         completed."""
+        if item.nbytes >= EPOCH_BYTES and not collecting():
+            self._release_alone(item)
+            return
         open_ = self._open
         open_.append(item)
-        if not self._scheduled:  # (read after the append: see flush)
-            self._scheduled = True
-            release_soon(self._flush)
-        if (len(open_) >= EPOCH_BLOCKS or item.nbytes >= EPOCH_BYTES) and not collecting():
-            self.close()  # (inside a collection the flush handed over above does it)
+        if len(open_) >= EPOCH_BLOCKS and not collecting():
+            self.close()  # (inside a collection the epoch thread does it)
+        if not _ticking:  # (read after the append: see _tick)
+            _start_ticking()
+
+    def _release_alone(self, item: Releasable) -> None:
+        """A large block: its own marker, recorded on it; its resource keeps it pending."""
+        if shutting_down() or self.orphaned:
+            return  # at exit svmkit calls no driver any more
+        marker = self._marker()
+        if marker is not None:
+            item.events.record(marker)
+        item.free()
 
     def close(self) -> None:
         """Close the open epoch with one marker, then free the closed epochs whose marker
         completed."""
-        if shutting_down():
+        if shutting_down() or self.orphaned:
             return  # at exit svmkit calls no driver any more
         with self._lock:
             open_ = self._open
@@ -128,28 +157,31 @@ class QueueEpochs:
                 log.exception("returning memory after its queue's marker failed")
 
     def flush(self) -> None:
-        """Close the open epoch and free everything once its marker completed, in the
-        background (run by the release thread; :meth:`release` hands it over)."""
-        # Cleared before closing: a release whose append the close may miss finds the
-        # flag clear and hands over another flush.
-        self._scheduled = False
-        try:
-            self.close()
-        except Exception:
-            log.exception("closing a queue's release epoch failed")
+        """Close the open epoch and hand freeing everything, once its marker completed, to
+        the release thread (what :func:`svmkit.events.drain` then waits for)."""
+        self.close()
         with self._lock:
             last = self._closed[-1][0] if self._closed else None
         if last is not None:
             release_after([last], self.reap, background=True)
 
+    def holds(self) -> bool:
+        """Whether released items wait here (open or closed epochs)."""
+        return bool(self._open) or bool(self._closed)
+
     def pending(self) -> int:
-        """How many released items wait for a marker (open and closed epochs)."""
+        """How many released items wait here (open and closed epochs)."""
         with self._lock:
             return len(self._open) + sum(len(batch) for _, batch in self._closed)
 
+    def pending_events(self) -> list[cl.Event]:
+        """The markers closed epochs wait for."""
+        return [m for m, _ in list(self._closed) if m is not None]
+
 
 def queue_epochs(queue: cl.CommandQueue) -> QueueEpochs:
-    """The release epochs of ``queue`` (one per queue, kept on the queue object)."""
+    """The release epochs of ``queue`` (one per queue, kept on the queue object; never call
+    this from a finalizer: it may start the epoch thread)."""
     try:
         epochs: QueueEpochs = queue._svmkit_epochs
         return epochs
@@ -160,3 +192,79 @@ def queue_epochs(queue: cl.CommandQueue) -> QueueEpochs:
         except AttributeError:  # a queue type without attributes: epochs of its own
             pass
         return epochs
+
+
+# -- the epoch thread ----------------------------------------------------------------------
+_live: weakref.WeakSet[QueueEpochs] = weakref.WeakSet()
+_wake: _queue.SimpleQueue[None] = _queue.SimpleQueue()  # put is safe in finalizers
+_ticking = False  # the epoch thread runs its ticks (a release need not wake it)
+_thread: threading.Thread | None = None
+_thread_lock = threading.Lock()
+
+
+def _start_ticking() -> None:
+    global _ticking
+    _ticking = True
+    _wake.put(None)
+
+
+def _ensure_epoch_thread() -> None:
+    global _thread
+    thread = _thread
+    if thread is not None and thread.is_alive():
+        return
+    with _thread_lock:
+        if _thread is None or not _thread.is_alive():
+            _thread = threading.Thread(target=_run, name="svmkit-epochs", daemon=True)
+            _thread.start()
+
+
+def _run() -> None:
+    while True:
+        _wake.get()  # idle: no epoch holds anything
+        while _tick():
+            pass
+
+
+def _tick() -> bool:
+    """One tick: close every open epoch, free the completed ones; whether to tick again."""
+    global _ticking
+    time.sleep(TICK_SECONDS)
+    if shutting_down():
+        return False
+    # Cleared before the epochs are looked at: a release whose item this tick may miss
+    # finds the flag clear and wakes the thread again.
+    _ticking = False
+    every = list(_live)
+    for epochs in every:
+        try:
+            epochs.close()
+        except Exception:
+            log.exception("closing a queue's release epoch failed")
+    if any(epochs.holds() for epochs in every):
+        _ticking = True
+        return True
+    return False
+
+
+def _flush_all() -> None:
+    for epochs in list(_live):
+        epochs.flush()
+
+
+before_drain(_flush_all)
+
+
+def _forget_parent_epochs() -> None:
+    """In a forked child: the parent's epochs never release there, and no thread runs."""
+    global _live, _wake, _ticking, _thread
+    for epochs in list(_live):
+        epochs.orphaned = True
+    fork.keep(list(_live))
+    _live = weakref.WeakSet()
+    _wake = _queue.SimpleQueue()
+    _ticking = False
+    _thread = None
+
+
+fork.in_child(_forget_parent_epochs)

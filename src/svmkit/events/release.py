@@ -28,6 +28,7 @@ from svmkit.events.record import is_complete
 
 __all__ = [
     "EXIT_WAIT_SECONDS",
+    "before_drain",
     "collecting",
     "drain",
     "ensure_release_thread",
@@ -51,6 +52,7 @@ _busy = False  # a release is running on the release thread right now
 _running = threading.Lock()  # held by the release thread while a release runs
 _shutting_down = False
 EXIT_WAIT_SECONDS = 5.0
+_drain_hooks: list[Callable[[], Any]] = []
 
 
 class _Marker:
@@ -199,12 +201,24 @@ def _run_queued() -> None:
             _releases_cond.notify_all()
 
 
+def before_drain(hook: Callable[[], Any]) -> None:
+    """Run ``hook()`` at the start of every :func:`drain`: it hands releases that a module
+    batches (:mod:`svmkit.events.epochs`) over with :func:`release_after`."""
+    _drain_hooks.append(hook)
+
+
 def drain(timeout: float | None = None) -> bool:
     """Wait until every deferred release ran; False if ``timeout`` passed first.
 
     Covers releases asked for with :func:`release_after` and those handed over by
-    finalizers with :func:`release_soon` before the call.
+    finalizers with :func:`release_soon` before the call, and what the
+    :func:`before_drain` hooks hand over.
     """
+    for hook in list(_drain_hooks):
+        try:
+            hook()
+        except Exception:
+            log.exception("a drain hook failed")
     deadline = None if timeout is None else time.monotonic() + timeout
     reaper = _reaper
     if reaper is not None and reaper.is_alive() and threading.current_thread() is not reaper:
