@@ -65,7 +65,7 @@ def per_call_us(fn: Callable[[], Any], budget_s: float, batches: int = 7) -> flo
 
 
 def paired_us(
-    ours: Callable[[], Any], ref: Callable[[], Any], budget_s: float, batches: int = 9
+    ours: Callable[[], Any], ref: Callable[[], Any], budget_s: float, batches: int = 21
 ) -> tuple[float, float]:
     """Medians over ``batches`` of the µs one call of ``ours`` and of ``ref`` take, their
     batches interleaved (so a machine's load changing during the run hits both alike)."""

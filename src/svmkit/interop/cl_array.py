@@ -8,8 +8,11 @@ release waits for a marker on ``queue``, since PyOpenCL's kernels are invisible 
 ``sk.cl_allocator(queue, resource=None)`` is an ``allocator=`` for ``pyopencl.array``
 drawing from a svmkit resource (a pool, by default the current one), as RMM's
 ``rmm_cupy_allocator`` does for CuPy.  A block goes back only after a marker enqueued on
-``queue`` when PyOpenCL drops it has completed, so it is never reused under a running
-``pyopencl.array`` kernel (the hazard of PyOpenCL's own pools with several queues).
+``queue`` after PyOpenCL dropped it has completed, so it is never reused under a running
+``pyopencl.array`` kernel (the hazard of PyOpenCL's own pools with several queues).  The
+drops of one queue share markers, one per burst (:mod:`svmkit.events.epochs`): a block
+waits in its queue's epoch, counted as in use, and goes back through the pool's fast path
+once the epoch's marker completed.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ class _Block(cl.SVM):  # type: ignore[misc]
 class CLAllocator:
     """An ``allocator=`` for ``pyopencl.array`` (see :func:`cl_allocator`)."""
 
-    __slots__ = ("context", "epochs", "queue", "resource")
+    __slots__ = ("context", "epochs", "policy", "queue", "resource")
 
     def __init__(self, queue: cl.CommandQueue, resource: MemoryResource | None = None) -> None:
         if not isinstance(queue, cl.CommandQueue):
@@ -102,6 +105,7 @@ class CLAllocator:
                 raise InvalidContextError("the resource serves another context than the queue")
         self.queue = check_queue(queue, queue.context)
         self.context = queue.context
+        self.policy = _no_system.get(self.context)  # (of the default resource: fixed)
         self.resource = resource
         self.epochs = queue_epochs(self.queue)
         ensure_release_thread()  # blocks dropped in a garbage collection are handed over
@@ -109,8 +113,7 @@ class CLAllocator:
     def __call__(self, nbytes: int) -> _Block:
         resource = self.resource
         if resource is None:
-            ctx = self.context
-            resource = current_resource(ctx, _no_system.get(ctx))
+            resource = current_resource(self.context, self.policy)
         allocation = resource.allocate(nbytes)
         block = _Block(allocation.u8)
         block.allocation = allocation
