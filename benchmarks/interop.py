@@ -1,6 +1,8 @@
 """Interop costs: DLPack, NumPy arithmetic on SVM arrays, PyOpenCL allocator and arrays.
 
-Every row is a median over batches measured in one run, beside its reference:
+Every row is a median over batches measured in one run, beside its reference (the
+PyOpenCL rows interleave svmkit's batches with the reference's, so a machine's load
+changing during the run hits both alike):
 
 * ``np.from_dlpack(a)`` and ``a.__dlpack__()`` per call (FINE/SYSTEM arrays) vs the same
   calls on a NumPy array;
@@ -10,10 +12,10 @@ Every row is a median over batches measured in one run, beside its reference:
 * ``pool.empty(8)`` + ``free()`` of never-exported arrays (export bookkeeping must not
   slow it);
 * ``sk.cl_allocator(queue)(4096)`` (and dropping the block) vs PyOpenCL's ``SVMPool``
-  allocation, and ``pyopencl.array.empty(..., allocator=...)`` end to end;
+  allocation (goal: within 2x), and ``pyopencl.array.empty(..., allocator=...)`` end to end;
 * ``2*x+1`` and ``pyopencl.array.sum(x)`` at 64 B and 64 MiB on svmkit pool memory
   (``to_cl_array`` of a pooled array, temporaries from ``sk.cl_allocator``) vs PyOpenCL's
-  ``SVMPool``, and CuPy and PyTorch where they import with a GPU.
+  ``SVMPool`` (goal: within 3 %), and CuPy and PyTorch where they import with a GPU.
 
 Coarse-grain-only devices (NVIDIA) skip the host rows (NumPy and DLPack need fine-grain
 or system SVM) and run the PyOpenCL, CuPy and PyTorch rows.

@@ -238,7 +238,8 @@ def _tick() -> bool:
     every = list(_live)
     for epochs in every:
         try:
-            epochs.close()
+            if epochs.holds():
+                epochs.close()
         except Exception:
             log.exception("closing a queue's release epoch failed")
     if any(epochs.holds() for epochs in every):
