@@ -11,6 +11,7 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 import pytest
+from _helpers import run_threads
 
 import svmkit as sk
 from svmkit import events
@@ -205,6 +206,23 @@ def test_cl_allocator_memory_goes_back_without_a_drain(ctx, queue):
         time.sleep(TICK_SECONDS)
     assert pool.stats()["current_bytes"] == 0
     assert queue_epochs(queue).pending() == 0
+
+
+def test_cl_allocator_from_several_threads(ctx, queue):
+    pool = sk.Pool(ctx, sk.Policy.best(ctx, system=False))
+    alloc = sk.cl_allocator(queue, pool)
+
+    def work(i: int) -> None:
+        for k in range(3 * EPOCH_BLOCKS):
+            x = cla.empty(queue, 64, np.int32, allocator=alloc)
+            x.fill(1000 * i + k)
+            y = x + 1  # a temporary of its own, dropped at once by the next line
+            assert (y.get() == 1000 * i + k + 1).all()
+
+    run_threads(work, 4, start_together=True)
+    assert events.drain(10.0)
+    assert queue_epochs(queue).pending() == 0
+    assert pool.stats()["current_bytes"] == 0
 
 
 def test_cl_allocator_blocks_dropped_in_a_collection_go_back(ctx, queue):
