@@ -9,9 +9,11 @@ marker covers every release before it, so :class:`QueueEpochs` collects the rele
 one queue in an *open epoch* and closes it with one marker:
 
 * after :data:`EPOCH_BLOCKS` releases, on the releasing thread;
-* within a tick (:data:`TICK_SECONDS`) of the epoch's first release, on the epoch thread,
-  which runs only while some epoch holds memory, so memory never waits for the next
-  release (a thread woken per release would cost its wake-up on every burst);
+* by the epoch thread, which runs only while some epoch holds memory, so memory never
+  waits for the next release (a thread woken per release would cost its wake-up on every
+  burst): every :data:`TICK_SECONDS`, it closes each epoch that did not close itself since
+  the last tick; while epochs do close themselves (a busy queue) it only frees and ticks
+  less often, doubling the interval up to :data:`TICK_MAX_SECONDS`;
 * at :func:`svmkit.events.drain` (a hook), which a pool runs before it reports running
   out of memory, and which tests use.
 
@@ -41,7 +43,14 @@ from svmkit.errors import SVMError
 from svmkit.events.record import EventRecord, is_complete
 from svmkit.events.release import before_drain, collecting, release_after, shutting_down
 
-__all__ = ["EPOCH_BLOCKS", "EPOCH_BYTES", "TICK_SECONDS", "QueueEpochs", "queue_epochs"]
+__all__ = [
+    "EPOCH_BLOCKS",
+    "EPOCH_BYTES",
+    "TICK_MAX_SECONDS",
+    "TICK_SECONDS",
+    "QueueEpochs",
+    "queue_epochs",
+]
 
 log = logging.getLogger("svmkit.events")
 
@@ -55,6 +64,9 @@ block serves)."""
 TICK_SECONDS = 0.005
 """How often the epoch thread closes open epochs and frees completed ones, while any
 epoch holds memory."""
+
+TICK_MAX_SECONDS = 0.08
+"""The longest interval between ticks while every epoch closes itself."""
 
 
 class Releasable(Protocol):
@@ -77,7 +89,16 @@ class QueueEpochs:
     included.
     """
 
-    __slots__ = ("__weakref__", "_closed", "_lock", "_open", "orphaned", "queue")
+    __slots__ = (
+        "__weakref__",
+        "_closed",
+        "_closes",
+        "_lock",
+        "_open",
+        "_ticked",
+        "orphaned",
+        "queue",
+    )
     svmkit_exit_events = "pending_events"  # waited for at exit (svmkit.events.exit_wait)
 
     def __init__(self, queue: cl.CommandQueue) -> None:
@@ -88,6 +109,8 @@ class QueueEpochs:
             collections.deque()
         )
         self._lock = threading.Lock()  # closing and reaping (never held while freeing)
+        self._closes = 0  # epochs closed so far
+        self._ticked = 0  # _closes as the epoch thread's last tick left it
         self.orphaned = False  # the parent's, in a forked child: never released there
         _live.add(self)
         _ensure_epoch_thread()
@@ -128,6 +151,7 @@ class QueueEpochs:
                 batch = open_[:n]
                 del open_[:n]
                 self._closed.append((self._marker(), batch))
+                self._closes += 1
         self.reap()
 
     def _marker(self) -> cl.Event | None:
@@ -155,6 +179,17 @@ class QueueEpochs:
                 item.free()
             except Exception:  # one failed free must not keep the others
                 log.exception("returning memory after its queue's marker failed")
+
+    def tick(self) -> bool:
+        """The epoch thread's turn: close the open epoch unless this queue closed one
+        itself since the last tick (then only free); whether it had."""
+        busy = self._closes != self._ticked
+        if busy:
+            self.reap()
+        else:
+            self.close()
+        self._ticked = self._closes
+        return busy
 
     def flush(self) -> None:
         """Close the open epoch and hand freeing everything, once its marker completed, to
@@ -198,6 +233,7 @@ def queue_epochs(queue: cl.CommandQueue) -> QueueEpochs:
 _live: weakref.WeakSet[QueueEpochs] = weakref.WeakSet()
 _wake: _queue.SimpleQueue[None] = _queue.SimpleQueue()  # put is safe in finalizers
 _ticking = False  # the epoch thread runs its ticks (a release need not wake it)
+_interval = TICK_SECONDS  # the epoch thread's next pause
 _thread: threading.Thread | None = None
 _thread_lock = threading.Lock()
 
@@ -227,24 +263,27 @@ def _run() -> None:
 
 
 def _tick() -> bool:
-    """One tick: close every open epoch, free the completed ones; whether to tick again."""
-    global _ticking
-    time.sleep(TICK_SECONDS)
+    """One tick: close idle open epochs, free the completed ones; whether to tick again."""
+    global _ticking, _interval
+    time.sleep(_interval)
     if shutting_down():
         return False
     # Cleared before the epochs are looked at: a release whose item this tick may miss
     # finds the flag clear and wakes the thread again.
     _ticking = False
     every = list(_live)
+    busy = False
     for epochs in every:
         try:
             if epochs.holds():
-                epochs.close()
+                busy = epochs.tick() or busy
         except Exception:
             log.exception("closing a queue's release epoch failed")
+    _interval = min(2 * _interval, TICK_MAX_SECONDS) if busy else TICK_SECONDS
     if any(epochs.holds() for epochs in every):
         _ticking = True
         return True
+    _interval = TICK_SECONDS
     return False
 
 
@@ -258,13 +297,14 @@ before_drain(_flush_all)
 
 def _forget_parent_epochs() -> None:
     """In a forked child: the parent's epochs never release there, and no thread runs."""
-    global _live, _wake, _ticking, _thread
+    global _live, _wake, _ticking, _thread, _interval
     for epochs in list(_live):
         epochs.orphaned = True
     fork.keep(list(_live))
     _live = weakref.WeakSet()
     _wake = _queue.SimpleQueue()
     _ticking = False
+    _interval = TICK_SECONDS
     _thread = None
 
 
