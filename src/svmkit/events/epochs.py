@@ -41,7 +41,14 @@ import pyopencl as cl
 from svmkit.driver import calls, fork
 from svmkit.errors import SVMError
 from svmkit.events.record import EventRecord, is_complete
-from svmkit.events.release import before_drain, collecting, release_after, shutting_down
+from svmkit.events.release import (
+    EXIT_WAIT_SECONDS,
+    before_drain,
+    collecting,
+    release_after,
+    shutting_down,
+)
+from svmkit.events.shutdown import at_shutdown
 
 __all__ = [
     "EPOCH_BLOCKS",
@@ -236,6 +243,8 @@ _ticking = False  # the epoch thread runs its ticks (a release need not wake it)
 _interval = TICK_SECONDS  # the epoch thread's next pause
 _thread: threading.Thread | None = None
 _thread_lock = threading.Lock()
+_tick_lock = threading.Lock()  # held while a tick works (interpreter exit waits for it)
+_stopped = False  # interpreter exit: the epoch thread calls no driver any more
 
 
 def _start_ticking() -> None:
@@ -264,10 +273,15 @@ def _run() -> None:
 
 def _tick() -> bool:
     """One tick: close idle open epochs, free the completed ones; whether to tick again."""
-    global _ticking, _interval
     time.sleep(_interval)
-    if shutting_down():
-        return False
+    with _tick_lock:
+        if _stopped or shutting_down():
+            return False
+        return _tick_epochs()
+
+
+def _tick_epochs() -> bool:
+    global _ticking, _interval
     # Cleared before the epochs are looked at: a release whose item this tick may miss
     # finds the flag clear and wakes the thread again.
     _ticking = False
@@ -285,6 +299,21 @@ def _tick() -> bool:
         return True
     _interval = TICK_SECONDS
     return False
+
+
+def _stop() -> None:
+    """At interpreter exit, before svmkit's last drain: the epoch thread stops (after the
+    tick it may be working on; the drain hook below then closes the epochs)."""
+    global _stopped
+    acquired = _tick_lock.acquire(timeout=EXIT_WAIT_SECONDS)
+    try:
+        _stopped = True
+    finally:
+        if acquired:
+            _tick_lock.release()
+
+
+at_shutdown(_stop)
 
 
 def _flush_all() -> None:
