@@ -101,16 +101,22 @@ class QueueEpochs:
         "_closed",
         "_closes",
         "_lock",
-        "_open",
         "_ticked",
         "orphaned",
         "queue",
+        "released",
     )
     svmkit_exit_events = "pending_events"  # waited for at exit (svmkit.events.exit_wait)
+    ticking = False
+    """Whether the epoch thread runs its ticks (a release need not wake it): one flag for
+    every queue, read by a finaliser's inline release (see :meth:`release`)."""
 
     def __init__(self, queue: cl.CommandQueue) -> None:
         self.queue = queue
-        self._open: list[Releasable] = []  # released since the last marker, oldest first
+        self.released: list[Releasable] = []
+        """The open epoch: released since the last marker, oldest first.  Only a closer
+        removes items; a finaliser may append one and call :meth:`after_append` (what
+        :meth:`release` does for a small item, inline)."""
         # (marker, what it covers), oldest first; None: nothing left to wait for
         self._closed: collections.deque[tuple[cl.Event | None, list[Releasable]]] = (
             collections.deque()
@@ -124,15 +130,26 @@ class QueueEpochs:
 
     def release(self, item: Releasable) -> None:
         """Free ``item`` once every command enqueued on the queue before this call
-        completed."""
+        completed.
+
+        For an item smaller than :data:`EPOCH_BYTES` this is ``released.append(item)``,
+        then :meth:`after_append` when the open epoch is full or
+        :attr:`ticking` is clear: a finaliser may run those steps inline.
+        """
         if item.nbytes >= EPOCH_BYTES and not collecting():
             self._release_alone(item)
             return
-        open_ = self._open
-        open_.append(item)
-        if len(open_) >= EPOCH_BLOCKS and not collecting():
+        released = self.released
+        released.append(item)
+        if len(released) >= EPOCH_BLOCKS or not QueueEpochs.ticking:
+            self.after_append()
+
+    def after_append(self) -> None:
+        """After an append to :attr:`released`: close a full epoch, wake the epoch thread
+        (the flag is read after the append: see ``_tick``)."""
+        if len(self.released) >= EPOCH_BLOCKS and not collecting():
             self.close()  # (inside a collection the epoch thread does it)
-        if not _ticking:  # (read after the append: see _tick)
+        if not QueueEpochs.ticking:
             _start_ticking()
 
     def _release_alone(self, item: Releasable) -> None:
@@ -150,7 +167,7 @@ class QueueEpochs:
         if shutting_down() or self.orphaned:
             return  # at exit svmkit calls no driver any more
         with self._lock:
-            open_ = self._open
+            open_ = self.released
             n = len(open_)
             if n:
                 # Only a closer removes items, under this lock, so the first n are the
@@ -209,12 +226,12 @@ class QueueEpochs:
 
     def holds(self) -> bool:
         """Whether released items wait here (open or closed epochs)."""
-        return bool(self._open) or bool(self._closed)
+        return bool(self.released) or bool(self._closed)
 
     def pending(self) -> int:
         """How many released items wait here (open and closed epochs)."""
         with self._lock:
-            return len(self._open) + sum(len(batch) for _, batch in self._closed)
+            return len(self.released) + sum(len(batch) for _, batch in self._closed)
 
     def pending_events(self) -> list[cl.Event]:
         """The markers closed epochs wait for."""
@@ -239,7 +256,6 @@ def queue_epochs(queue: cl.CommandQueue) -> QueueEpochs:
 # -- the epoch thread ----------------------------------------------------------------------
 _live: weakref.WeakSet[QueueEpochs] = weakref.WeakSet()
 _wake: _queue.SimpleQueue[None] = _queue.SimpleQueue()  # put is safe in finalizers
-_ticking = False  # the epoch thread runs its ticks (a release need not wake it)
 _interval = TICK_SECONDS  # the epoch thread's next pause
 _thread: threading.Thread | None = None
 _thread_lock = threading.Lock()
@@ -248,8 +264,7 @@ _stopped = False  # interpreter exit: the epoch thread calls no driver any more
 
 
 def _start_ticking() -> None:
-    global _ticking
-    _ticking = True
+    QueueEpochs.ticking = True
     _wake.put(None)
 
 
@@ -281,10 +296,10 @@ def _tick() -> bool:
 
 
 def _tick_epochs() -> bool:
-    global _ticking, _interval
+    global _interval
     # Cleared before the epochs are looked at: a release whose item this tick may miss
     # finds the flag clear and wakes the thread again.
-    _ticking = False
+    QueueEpochs.ticking = False
     every = list(_live)
     busy = False
     for epochs in every:
@@ -295,7 +310,7 @@ def _tick_epochs() -> bool:
             log.exception("closing a queue's release epoch failed")
     _interval = min(2 * _interval, TICK_MAX_SECONDS) if busy else TICK_SECONDS
     if any(epochs.holds() for epochs in every):
-        _ticking = True
+        QueueEpochs.ticking = True
         return True
     _interval = TICK_SECONDS
     return False
@@ -326,13 +341,13 @@ before_drain(_flush_all)
 
 def _forget_parent_epochs() -> None:
     """In a forked child: the parent's epochs never release there, and no thread runs."""
-    global _live, _wake, _ticking, _thread, _interval
+    global _live, _wake, _thread, _interval
     for epochs in list(_live):
         epochs.orphaned = True
     fork.keep(list(_live))
     _live = weakref.WeakSet()
     _wake = _queue.SimpleQueue()
-    _ticking = False
+    QueueEpochs.ticking = False
     _interval = TICK_SECONDS
     _thread = None
 

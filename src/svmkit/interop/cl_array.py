@@ -25,7 +25,7 @@ import pyopencl as cl
 from svmkit.driver import calls
 from svmkit.driver.per_context import PerContext
 from svmkit.errors import InvalidContextError, InvalidValueError
-from svmkit.events.epochs import QueueEpochs, queue_epochs
+from svmkit.events.epochs import EPOCH_BLOCKS, EPOCH_BYTES, QueueEpochs, queue_epochs
 from svmkit.events.release import ensure_release_thread
 from svmkit.policy import Policy
 from svmkit.resources.base import Allocation, MemoryResource
@@ -82,6 +82,23 @@ class _Block(cl.SVM):  # type: ignore[misc]
     epochs: QueueEpochs
 
     def __del__(self) -> None:
+        # QueueEpochs.release of a block below EPOCH_BYTES, inline (a finaliser per block).
+        try:
+            epochs = self.epochs
+            released = epochs.released
+            released.append(self.allocation)
+            if len(released) >= EPOCH_BLOCKS or not QueueEpochs.ticking:
+                epochs.after_append()
+        except Exception:  # never raise from a finaliser (interpreter may be exiting)
+            pass
+
+
+class _LargeBlock(_Block):
+    """A block of ``EPOCH_BYTES`` or more: released with a marker of its own."""
+
+    __slots__ = ()
+
+    def __del__(self) -> None:
         try:
             self.epochs.release(self.allocation)
         except Exception:  # never raise from a finaliser (interpreter may be exiting)
@@ -115,7 +132,7 @@ class CLAllocator:
         if resource is None:
             resource = current_resource(self.context, self.policy)
         allocation = resource.allocate(nbytes)
-        block = _Block(allocation.u8)
+        block = (_Block if nbytes < EPOCH_BYTES else _LargeBlock)(allocation.u8)
         block.allocation = allocation
         block.epochs = self.epochs
         return block
