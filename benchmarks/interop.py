@@ -70,7 +70,8 @@ def paired_us(
     ours: Callable[[], Any], ref: Callable[[], Any], budget_s: float, batches: int = 21
 ) -> tuple[float, float]:
     """Medians over ``batches`` of the µs one call of ``ours`` and of ``ref`` take, their
-    batches interleaved (so a machine's load changing during the run hits both alike)."""
+    batches interleaved (so a machine's load changing during the run hits both alike),
+    each side first in every other pair."""
     calls = []
     for fn in (ours, ref):
         t0 = time.perf_counter()
@@ -78,8 +79,9 @@ def paired_us(
         calls.append(max(time.perf_counter() - t0, 1e-7))
     n = max(1, min(200_000, int(budget_s / batches / max(calls))))
     times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(batches):
-        for fn, out in ((ours, times[0]), (ref, times[1])):
+    pairs = ((ours, times[0]), (ref, times[1]))
+    for i in range(batches):  # (each side first in every other pair)
+        for fn, out in pairs if i % 2 == 0 else pairs[::-1]:
             t0 = time.perf_counter_ns()
             for _ in range(n):
                 fn()
