@@ -158,7 +158,7 @@ def test_cl_allocator_enqueues_one_marker_per_epoch(ctx, queue, monkeypatch):
     # Every EPOCH_BLOCKS drops close an epoch here; the release thread closes at most
     # one more per close it saw (a flush), and the blocks come back to the pool for reuse.
     assert len(markers) <= 2 * (n // EPOCH_BLOCKS) + 2
-    assert pool.info()["upstream_blocks"] < n // 4
+    assert pool.info()["upstream_blocks"] < n // 2  # blocks were reused during the loop
     assert events.drain(10.0)
     assert queue_epochs(queue).pending() == 0
     assert pool.stats()["current_bytes"] == 0
