@@ -5,14 +5,18 @@ block back only after a marker on the queue), reductions with mako."""
 from __future__ import annotations
 
 import gc
+import time
 
 import numpy as np
 import pyopencl as cl
 import pyopencl.array as cla
 import pytest
+from _helpers import run_threads
 
 import svmkit as sk
 from svmkit import events
+from svmkit.driver import calls
+from svmkit.events.epochs import EPOCH_BLOCKS, EPOCH_BYTES, TICK_SECONDS, queue_epochs
 
 SLOW = """
 __kernel void slow_fill(__global int *p, int n, int value) {
@@ -91,25 +95,152 @@ def test_cl_allocator_draws_temporaries_from_the_pool(ctx, queue):
 def test_cl_allocator_never_reuses_a_block_under_a_running_kernel(ctx, queue):
     pool = sk.Pool(ctx, sk.Policy.best(ctx, system=False))
     alloc = sk.cl_allocator(queue, pool)
+    other = cl.CommandQueue(ctx)  # its writes are not ordered after `queue`'s kernel
     prg = cl.Program(ctx, SLOW).build()
     t = cla.empty(queue, 1024, np.int32, allocator=alloc)
-    address = t.base_data.svm_ptr if hasattr(t.base_data, "svm_ptr") else None
+    address = t.base_data.svm_ptr
     gate = cl.UserEvent(ctx)  # the kernel is pending until the checks below are done
     event = prg.slow_fill(
-        queue, (1024,), None, t.data, np.int32(2_000_000), np.int32(1), wait_for=[gate]
+        queue, (1024,), None, t.data, np.int32(200_000), np.int32(1), wait_for=[gate]
     )
+    held = []
     try:
-        del t  # PyOpenCL drops the temporary while its kernel is pending
-        u = cla.empty(queue, 1024, np.int32, allocator=alloc)
+        del t  # PyOpenCL drops the block while its kernel is pending
+        # Enough drops of the same size to close epochs on this thread and on the
+        # release thread, each followed by allocations that would take the block back.
+        for i in range(3 * EPOCH_BLOCKS):
+            cla.empty(queue, 1024, np.int32, allocator=alloc)
+            if i % EPOCH_BLOCKS == 0:
+                assert events.drain(0.2) is False  # the flush waits for the kernel
+            u = cla.empty(other, 1024, np.int32, allocator=alloc)
+            u.fill(i + 2)
+            held.append(u)
+        other.finish()
         assert event.command_execution_status != cl.command_execution_status.COMPLETE
-        assert u.base_data.svm_ptr != address
+        assert address not in {u.base_data.svm_ptr for u in held}
     finally:
         gate.set_status(cl.command_execution_status.COMPLETE)
     event.wait()
     queue.finish()
-    assert events.drain(10.0)
+    for i, u in enumerate(held):  # bytes of every later allocation are their own
+        assert (u.get() == i + 2).all()
+    del held, u
+    assert events.drain(30.0)
+    assert queue_epochs(queue).pending() == 0
+    assert pool.stats()["current_bytes"] == 0
     v = pool.empty(1024, np.int32)
-    assert v.ptr == address or u.base_data.svm_ptr == address
+    assert v.ptr == address or address in _cached_addresses(pool)
+
+
+def _cached_addresses(pool: sk.Pool) -> set[int]:
+    """Addresses of the blocks a pool can hand out now (allocated until none is left)."""
+    got = []
+    while pool.info()["cached_blocks"]:
+        got.append(pool.empty(1024, np.int32))
+    return {a.ptr for a in got}
+
+
+def test_cl_allocator_enqueues_one_marker_per_epoch(ctx, queue, monkeypatch):
+    pool = sk.Pool(ctx, sk.Policy.best(ctx, system=False))
+    alloc = sk.cl_allocator(queue, pool)
+    markers = []
+    enqueue_marker = calls.enqueue_marker
+
+    def counted(q, wait=None):
+        event = enqueue_marker(q, wait)
+        markers.append(event)
+        return event
+
+    monkeypatch.setattr(calls, "enqueue_marker", counted)
+    n = 50 * EPOCH_BLOCKS
+    for _ in range(n):
+        alloc(4096)
+    # Every EPOCH_BLOCKS drops close an epoch here; the release thread closes at most
+    # one more per close it saw (a flush), and the blocks come back to the pool for reuse.
+    assert len(markers) <= 2 * (n // EPOCH_BLOCKS) + 2
+    assert pool.info()["upstream_blocks"] < n // 2  # blocks were reused during the loop
+    assert events.drain(10.0)
+    assert queue_epochs(queue).pending() == 0
+    assert pool.stats()["current_bytes"] == 0
+    assert all(events.is_complete(m) for m in markers)
+
+
+def test_cl_allocator_large_block_gets_a_marker_of_its_own(ctx, queue, monkeypatch):
+    pool = sk.Pool(ctx, sk.Policy.best(ctx, system=False))
+    alloc = sk.cl_allocator(queue, pool)
+    markers = []
+    enqueue_marker = calls.enqueue_marker
+    monkeypatch.setattr(
+        calls, "enqueue_marker", lambda q, wait=None: markers.append(1) or enqueue_marker(q, wait)
+    )
+    gate = cl.UserEvent(ctx)  # nothing completes while the gate is closed
+    blocker = calls.enqueue_marker(queue, [gate])
+    try:
+        block = alloc(EPOCH_BYTES)
+        address = block.svm_ptr
+        before = len(markers)
+        del block
+        assert len(markers) == before + 1  # on the releasing thread, at once
+        assert queue_epochs(queue).pending() == 0  # back in the pool, pending there
+        assert pool.info()["pending_bytes"] >= EPOCH_BYTES
+        again = alloc(EPOCH_BYTES)
+        assert again.svm_ptr != address
+    finally:
+        gate.set_status(cl.command_execution_status.COMPLETE)
+    blocker.wait()
+    queue.finish()
+    assert alloc(EPOCH_BYTES).svm_ptr == address  # reused once its marker completed
+    del again
+    assert events.drain(10.0)
+    assert pool.stats()["current_bytes"] == 0
+
+
+def test_cl_allocator_memory_goes_back_without_a_drain(ctx, queue):
+    pool = sk.Pool(ctx, sk.Policy.best(ctx, system=False))
+    alloc = sk.cl_allocator(queue, pool)
+    x = cla.zeros(queue, 16, np.float32, allocator=alloc)
+    assert (x + 1).get().tolist() == [1.0] * 16
+    del x  # fewer releases than an epoch holds: the epoch thread closes it
+    deadline = time.monotonic() + 10.0
+    while pool.stats()["current_bytes"] and time.monotonic() < deadline:
+        time.sleep(TICK_SECONDS)
+    assert pool.stats()["current_bytes"] == 0
+    assert queue_epochs(queue).pending() == 0
+
+
+def test_cl_allocator_from_several_threads(ctx, queue):
+    pool = sk.Pool(ctx, sk.Policy.best(ctx, system=False))
+    alloc = sk.cl_allocator(queue, pool)
+
+    def work(i: int) -> None:
+        for k in range(3 * EPOCH_BLOCKS):
+            x = cla.empty(queue, 64, np.int32, allocator=alloc)
+            x.fill(1000 * i + k)
+            y = x + 1  # a temporary of its own, dropped at once by the next line
+            assert (y.get() == 1000 * i + k + 1).all()
+
+    run_threads(work, 4, start_together=True)
+    assert events.drain(10.0)
+    assert queue_epochs(queue).pending() == 0
+    assert pool.stats()["current_bytes"] == 0
+
+
+def test_cl_allocator_blocks_dropped_in_a_collection_go_back(ctx, queue):
+    pool = sk.Pool(ctx, sk.Policy.best(ctx, system=False))
+    alloc = sk.cl_allocator(queue, pool)
+    gc.disable()
+    try:
+        for _ in range(2 * EPOCH_BLOCKS):
+            x = cla.zeros(queue, 16, np.float32, allocator=alloc)
+            x.cycle = x  # only a collection frees it
+        del x
+        assert pool.stats()["current_allocations"] == 2 * EPOCH_BLOCKS
+        gc.collect()
+    finally:
+        gc.enable()
+    assert events.drain(10.0)
+    assert queue_epochs(queue).pending() == 0
+    assert pool.stats()["current_bytes"] == 0
 
 
 def test_default_cl_allocator_uses_the_current_resource(ctx, queue):

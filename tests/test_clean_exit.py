@@ -145,6 +145,19 @@ SCENARIOS: dict[str, tuple[str, str | None]] = {
         """,
         None,
     ),
+    "cl_allocator blocks dropped behind a running kernel, in open and closed epochs": (
+        """
+        import pyopencl.array as cla
+        pool = sk.Pool(ctx)
+        b = pool.full(4096, 1.0, np.float32)
+        sk.launch(q, SLOW, (4096,), None, b, np.int32(200000))
+        alloc = sk.cl_allocator(q)
+        x = cla.zeros(q, 4096, np.float32, allocator=alloc)
+        for _ in range(45):
+            x = 2 * x + 1
+        """,
+        None,
+    ),
     "a host thread blocked in pop, another in push": (
         """
         wq = sk.WorkQueue(ctx, 2, np.int64)

@@ -36,6 +36,7 @@ from svmkit.events.record import is_complete
 
 __all__ = [
     "EXIT_WAIT_SECONDS",
+    "before_drain",
     "collecting",
     "drain",
     "ensure_release_thread",
@@ -67,6 +68,7 @@ _busy = False  # a release is running on the release thread right now
 _running = threading.Lock()  # held by the release thread while a release runs
 _shutting_down = False
 EXIT_WAIT_SECONDS = 5.0
+_drain_hooks: list[Callable[[], Any]] = []
 
 
 class _Marker:
@@ -294,13 +296,25 @@ def _run_queued() -> None:
             _releases_cond.notify_all()
 
 
+def before_drain(hook: Callable[[], Any]) -> None:
+    """Run ``hook()`` at the start of every :func:`drain`: it hands releases that a module
+    batches (:mod:`svmkit.events.epochs`) over with :func:`release_after`."""
+    _drain_hooks.append(hook)
+
+
 def drain(timeout: float | None = None) -> bool:
     """Wait until every deferred release ran; False if ``timeout`` passed first.
 
     Covers releases asked for with :func:`release_after` and those handed over by
     finalizers with :func:`release_soon` before the call (the calling thread runs those
-    no thread took yet, as :func:`settle` does).
+    no thread took yet, as :func:`settle` does), and what the :func:`before_drain` hooks
+    hand over.
     """
+    for hook in list(_drain_hooks):
+        try:
+            hook()
+        except Exception:
+            log.exception("a drain hook failed")
     deadline = None if timeout is None else time.monotonic() + timeout
     _run_handoffs(len(_handoffs))
     if not _wait_for_other_handoffs(deadline):

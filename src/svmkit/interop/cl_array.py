@@ -8,8 +8,11 @@ release waits for a marker on ``queue``, since PyOpenCL's kernels are invisible 
 ``sk.cl_allocator(queue, resource=None)`` is an ``allocator=`` for ``pyopencl.array``
 drawing from a svmkit resource (a pool, by default the current one), as RMM's
 ``rmm_cupy_allocator`` does for CuPy.  A block goes back only after a marker enqueued on
-``queue`` when PyOpenCL drops it has completed, so it is never reused under a running
-``pyopencl.array`` kernel (the hazard of PyOpenCL's own pools with several queues).
+``queue`` after PyOpenCL dropped it has completed, so it is never reused under a running
+``pyopencl.array`` kernel (the hazard of PyOpenCL's own pools with several queues).  The
+drops of one queue share markers, one per burst (:mod:`svmkit.events.epochs`): a block
+waits in its queue's epoch, counted as in use, and goes back through the pool's fast path
+once the epoch's marker completed.
 """
 
 from __future__ import annotations
@@ -21,13 +24,9 @@ import pyopencl as cl
 
 from svmkit.driver import calls
 from svmkit.driver.per_context import PerContext
-from svmkit.errors import InvalidContextError, InvalidValueError, SVMError
-from svmkit.events.release import (
-    collecting,
-    ensure_release_thread,
-    release_soon,
-    shutting_down,
-)
+from svmkit.errors import InvalidContextError, InvalidValueError
+from svmkit.events.epochs import EPOCH_BLOCKS, EPOCH_BYTES, QueueEpochs, queue_epochs
+from svmkit.events.release import ensure_release_thread
 from svmkit.policy import Policy
 from svmkit.resources.base import Allocation, MemoryResource
 from svmkit.resources.current import current_resource
@@ -73,51 +72,43 @@ def to_cl_array(a: SVMArray, queue: cl.CommandQueue | None = None) -> cla.Array:
 
 
 class _Block(cl.SVM):  # type: ignore[misc]
-    """One allocation lent to ``pyopencl.array``: an SVM pointer that gives its memory
-    back, after a marker on its queue, when PyOpenCL drops it."""
+    """One allocation lent to ``pyopencl.array``: an SVM pointer whose memory goes back
+    through its queue's release epochs (:mod:`svmkit.events.epochs`) when PyOpenCL drops
+    it, so only once a marker enqueued after the drop has completed."""
 
-    __slots__ = ("allocation", "queue")
+    __slots__ = ("allocation", "epochs")
 
     allocation: Allocation
-    queue: cl.CommandQueue
+    epochs: QueueEpochs
 
     def __del__(self) -> None:
-        allocation = getattr(self, "allocation", None)
-        if allocation is None or shutting_down():
-            return  # at exit svmkit calls no driver any more
+        # QueueEpochs.release of a block below EPOCH_BYTES, inline (a finaliser per block).
         try:
-            if collecting():  # perhaps inside a pool's lock: the release thread does it
-                release_soon(_Release(allocation, self.queue))
-            else:
-                _release(allocation, self.queue)
+            epochs = self.epochs
+            released = epochs.released
+            released.append(self.allocation)
+            if len(released) >= EPOCH_BLOCKS or not QueueEpochs.ticking:
+                epochs.after_append()
         except Exception:  # never raise from a finaliser (interpreter may be exiting)
             pass
 
 
-class _Release:
-    __slots__ = ("allocation", "queue")
+class _LargeBlock(_Block):
+    """A block of ``EPOCH_BYTES`` or more: released with a marker of its own."""
 
-    def __init__(self, allocation: Allocation, queue: cl.CommandQueue) -> None:
-        self.allocation, self.queue = allocation, queue
+    __slots__ = ()
 
-    def __call__(self) -> None:
-        _release(self.allocation, self.queue)
-
-
-def _release(allocation: Allocation, queue: cl.CommandQueue) -> None:
-    """Give a lent block back once a marker enqueued on ``queue`` now has completed (it
-    follows every ``pyopencl.array`` command that may still use the block)."""
-    try:
-        allocation.events.record(calls.enqueue_marker(queue))
-    except SVMError:  # the queue went bad: wait for it instead
-        calls.finish(queue)
-    allocation.free()
+    def __del__(self) -> None:
+        try:
+            self.epochs.release(self.allocation)
+        except Exception:  # never raise from a finaliser (interpreter may be exiting)
+            pass
 
 
 class CLAllocator:
     """An ``allocator=`` for ``pyopencl.array`` (see :func:`cl_allocator`)."""
 
-    __slots__ = ("context", "queue", "resource")
+    __slots__ = ("context", "epochs", "policy", "queue", "resource")
 
     def __init__(self, queue: cl.CommandQueue, resource: MemoryResource | None = None) -> None:
         if not isinstance(queue, cl.CommandQueue):
@@ -131,18 +122,19 @@ class CLAllocator:
                 raise InvalidContextError("the resource serves another context than the queue")
         self.queue = check_queue(queue, queue.context)
         self.context = queue.context
+        self.policy = _no_system.get(self.context)  # (of the default resource: fixed)
         self.resource = resource
+        self.epochs = queue_epochs(self.queue)
         ensure_release_thread()  # blocks dropped in a garbage collection are handed over
 
     def __call__(self, nbytes: int) -> _Block:
         resource = self.resource
         if resource is None:
-            ctx = self.context
-            resource = current_resource(ctx, _no_system.get(ctx))
+            resource = current_resource(self.context, self.policy)
         allocation = resource.allocate(nbytes)
-        block = _Block(allocation.u8)
+        block = (_Block if nbytes < EPOCH_BYTES else _LargeBlock)(allocation.u8)
         block.allocation = allocation
-        block.queue = self.queue
+        block.epochs = self.epochs
         return block
 
     def __repr__(self) -> str:
