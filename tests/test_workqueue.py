@@ -814,6 +814,93 @@ def test_exit_closes_live_queues(tmp_path: Any) -> None:
     assert "kernel ended 41" in proc.stdout
 
 
+# --- reopen -----------------------------------------------------------------------------------
+
+BLOCKER = r"""
+#include "svmkit_workqueue.h"
+/* Holds `held` as an argument while it waits on `gate` (the queue reopen() must refuse). */
+__kernel void hold(__global svmkit_wq *held, __global svmkit_wq *gate)
+{
+    WQ_ITEM x;
+    while (wq_pop(gate, &x))
+        ;
+}
+"""
+
+
+def test_reopen_refuses_open_undrained_and_running(ctx: cl.Context, backend: str) -> None:
+    wq = sk.WorkQueue(ctx, 8, backend=backend)
+    with pytest.raises(sk.InvalidValueError, match="open") as info:
+        wq.reopen()
+    assert info.value.cl_error == "CL_INVALID_VALUE"
+    wq.push_many([1, 2])
+    wq.close()
+    with pytest.raises(sk.InvalidValueError, match="2 items were not popped"):
+        wq.reopen()
+    assert wq.closed and list(wq.pop_many(4)) == [1, 2]
+    gate = sk.WorkQueue(ctx, 8, backend=backend)
+    queue = cl.CommandQueue(ctx)
+    event = sk.launch(queue, sk.build_program(ctx, BLOCKER).hold, (1,), (1,), wq, gate)
+    queue.flush()
+    with pytest.raises(sk.InvalidValueError, match="not finished"):
+        wq.reopen()
+    assert wq.closed  # refused: nothing changed
+    gate.close()
+    finish([event], gate)
+    wq.reopen()
+    assert not wq.closed and len(wq) == 0
+    wq.push(5)
+    assert wq.pop() == 5
+
+
+def test_reopen_in_a_loop_exactly_once(ctx: cl.Context, backend: str) -> None:
+    """Close and reopen ten times, with a device consumer and host producers each round:
+    every round's items are seen exactly once, in the same memory."""
+    wq = sk.WorkQueue(ctx, 16, backend=backend)
+    ptr = wq.kernel_arg.ptr
+    queue = cl.CommandQueue(ctx)
+    per = 700
+    for round_ in range(10):
+        out = fine_zeros(ctx, per, np.int64)
+        count = fine_zeros(ctx, 1, np.int32)
+        events = _launch_consumers(ctx, [queue], wq, out, count, 1)
+        items = np.arange(round_ * per, (round_ + 1) * per, dtype=np.int64)
+        wq.push_many(items[:300])
+        for x in items[300:350].tolist():
+            wq.push(x)
+        wq.push_many(items[350:])
+        wq.close()
+        finish(events, wq)
+        assert count.host[0] == per
+        np.testing.assert_array_equal(np.sort(out.host), items)
+        wq.reopen()
+        assert wq.kernel_arg.ptr == ptr and not wq.closed
+    # host-only rounds too: pops block again after reopen, and nothing is left over
+    for round_ in range(5):
+        assert _host_exactly_once(wq, 2, 2, 400) == 800
+        wq.reopen()
+
+
+def test_reopen_after_consumers_claimed_ahead(ctx: cl.Context, backend: str) -> None:
+    """Device consumers blocked in wq_pop when the queue closes (positions claimed past
+    tail): after reopen() the next round still delivers exactly once."""
+    wq = sk.WorkQueue(ctx, 4, backend=backend)
+    queue = cl.CommandQueue(ctx)
+    for round_ in range(6):
+        out = fine_zeros(ctx, 64, np.int64)
+        count = fine_zeros(ctx, 1, np.int32)
+        events = _launch_consumers(ctx, [queue], wq, out, count, 0)
+        n = 3 + 7 * round_
+        wq.push_many(np.arange(n))
+        time.sleep(0.005)  # consumers idle in wq_pop on an empty ring
+        wq.close()
+        finish(events, wq)
+        assert count.host[0] == n
+        np.testing.assert_array_equal(np.sort(out.host[:n]), np.arange(n))
+        wq.reopen()
+        assert len(wq) == 0
+
+
 # --- stress (run with -m stress) --------------------------------------------------------------
 
 

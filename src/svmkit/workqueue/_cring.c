@@ -432,6 +432,28 @@ static PyObject *Ring_close(Ring *self, PyObject *Py_UNUSED(ignored))
     return PyBool_FromLong(!(old & CLOSED_BIT));
 }
 
+/* reopen() -> 1 reopened, 0 it was open, -1 not drained.  Positions consumers claimed
+ * ahead of tail (a wq_pop waiting when the queue closed) are marked consumed (seq = pos +
+ * capacity) and tail moves up to head, so the next lap finds every slot free.  The caller
+ * makes sure nothing else uses the ring meanwhile. */
+static PyObject *Ring_reopen(Ring *self, PyObject *Py_UNUSED(ignored))
+{
+    uint64_t old = __atomic_load_n(self->tail, __ATOMIC_ACQUIRE);
+    if (!(old & CLOSED_BIT))
+        return PyLong_FromLong(0);
+    uint64_t pos = old & ~CLOSED_BIT;
+    uint64_t head = __atomic_load_n(self->head, __ATOMIC_ACQUIRE);
+    if ((int64_t)(head - pos) < 0)
+        return PyLong_FromLong(-1);
+    for (uint64_t p = pos; p != head; p++)
+        __atomic_store_n(&self->slots[p & self->mask].seq, p + self->mask + 1, __ATOMIC_RELEASE);
+    if (!__atomic_compare_exchange_n(self->tail, &old, head, 0, __ATOMIC_SEQ_CST,
+                                     __ATOMIC_SEQ_CST))
+        return PyLong_FromLong(0);
+    __atomic_store_n(self->closed, 0u, __ATOMIC_RELEASE);
+    return PyLong_FromLong(1);
+}
+
 static PyObject *Ring_closed(Ring *self, PyObject *Py_UNUSED(ignored))
 {
     return PyBool_FromLong((__atomic_load_n(self->tail, __ATOMIC_ACQUIRE) & CLOSED_BIT) != 0);
@@ -517,6 +539,8 @@ static PyMethodDef Ring_methods[] = {
     {"try_pop_many", (PyCFunction)Ring_try_pop_many, METH_VARARGS,
      "pop into buffer[start:] with one reservation: count popped"},
     {"close", (PyCFunction)Ring_close, METH_NOARGS, "set the closed bit; True if it was open"},
+    {"reopen", (PyCFunction)Ring_reopen, METH_NOARGS,
+     "clear the closed bit of a drained ring: 1 reopened, 0 open, -1 not drained"},
     {"closed", (PyCFunction)Ring_closed, METH_NOARGS, "whether the closed bit is set"},
     {"drained", (PyCFunction)Ring_drained, METH_NOARGS, "closed and every item popped"},
     {"length", (PyCFunction)Ring_length, METH_NOARGS, "items claimed but not yet popped"},

@@ -299,6 +299,7 @@ class WorkQueue:
         self._scalar: Callable[[Any], Any] = dt.type if direct else self._from_bits
         self._shares_cores = any(d.type & cl.device_type.CPU for d in ctx.devices)
         self._batch_spin_rounds = 1 if self._shares_cores else _SPIN_ROUNDS
+        self._reopen_lock = threading.Lock()
         with _live_lock:
             _live.add(self)
 
@@ -507,6 +508,38 @@ class WorkQueue:
         """
         if not self._array.freed:
             self._ring.close()
+
+    def reopen(self) -> None:
+        """Make a closed and drained queue usable again, in the same memory (no allocation).
+
+        Pushes succeed again and pops block again; a kernel launched afterwards finds the
+        ring as a reused queue's.  Items keep their order positions (the counters run on), so
+        nothing a previous round left can be popped twice.
+
+        Raises
+        ------
+        InvalidValueError
+            The queue is still open, still holds items, or a kernel recorded on it (through
+            :func:`svmkit.launch` or :meth:`record`) has not finished: it could still pop
+            or push on the ring while it is being reset (API.md, "Fine-grain atomic work
+            queue").
+        """
+        ring = self._ring
+        with self._reopen_lock:
+            if not ring.closed():
+                raise InvalidValueError("reopen() needs a closed work queue; this one is open")
+            if not ring.drained():
+                raise InvalidValueError(
+                    f"reopen() needs a drained work queue; {len(self)} items were not popped"
+                )
+            running = self._array.pending_events()
+            if running:
+                raise InvalidValueError(
+                    f"reopen() while {len(running)} kernel(s) recorded on the work queue have "
+                    "not finished (wait for them first)"
+                )
+            if ring.reopen() != 1:  # (a push or pop raced: nothing else may use it now)
+                raise InvalidValueError("reopen() raced with another reopen() of the queue")
 
     def __enter__(self) -> WorkQueue:
         return self

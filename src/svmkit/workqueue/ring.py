@@ -76,6 +76,7 @@ class RingOps(Protocol):
     def try_push_many(self, buffer: Any, start: int, /) -> int: ...
     def try_pop_many(self, buffer: Any, start: int, /) -> int: ...
     def close(self) -> bool: ...
+    def reopen(self) -> int: ...
     def closed(self) -> bool: ...
     def drained(self) -> bool: ...
     def length(self) -> int: ...
@@ -353,6 +354,25 @@ class PyRing:
                 break
         self._closed_word[0] = 1  # mirror; the bit in tail is what decides
         return opened
+
+    def reopen(self) -> int:
+        """Clear tail's closed bit of a closed, drained ring: 1 reopened, 0 it was open,
+        -1 not drained.  Positions that consumers claimed ahead of tail (a device ``wq_pop``
+        waiting when the queue closed) are marked consumed and tail moves up to head, so the
+        next lap's producers find every slot free.  Nothing may use the ring meanwhile."""
+        old = self._load_word(TAIL_OFFSET // 8)
+        if not old & CLOSED_BIT:
+            return 0
+        pos = old & ~CLOSED_BIT
+        head = self._load_word(HEAD_OFFSET // 8)
+        if head < pos:
+            return -1
+        for p in range(pos, head):  # claimed ahead, never published: free for lap + 1
+            self._store_seq(p & self._mask, p + self._capacity)
+        if self._cas(self._tail_addr, old, head) != old:
+            return 0  # (another reopen won)
+        self._closed_word[0] = 0
+        return 1
 
     def closed(self) -> bool:
         return bool(self._load_word(TAIL_OFFSET // 8) & CLOSED_BIT)
