@@ -814,6 +814,73 @@ def test_exit_closes_live_queues(tmp_path: Any) -> None:
     assert "kernel ended 41" in proc.stdout
 
 
+# --- the wait of a blocking call ---------------------------------------------------------------
+
+DRAIN_KERNEL = r"""
+#include "svmkit_workqueue.h"
+__kernel void drain(__global svmkit_wq *q, __global long *sums)
+{
+    __local WQ_ITEM in[64];
+    __local int scratch;
+    long s = 0;
+    int k;
+    while ((k = wq_group_pop(q, in, 64, &scratch)) > 0)
+        for (int i = get_local_id(0); i < k; i += get_local_size(0))
+            s += in[i];
+    sums[get_global_id(0)] = s;
+}
+"""
+
+
+def test_producer_never_sleeps_while_the_device_drains(
+    ctx: cl.Context, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """push_many into a ring a kernel drains spins (the other side moves), never reaching
+    the sleeping backoff; the items all arrive.  (Retried: another process may take the
+    kernel's core long enough to count as idle.)"""
+    from svmkit.workqueue import queue as queue_module
+
+    sleeps: list[int] = []
+    real = queue_module._backoff
+
+    def counting(ring_: Any, for_pop: bool, round_: int, *args: Any, **kwargs: Any) -> None:
+        if round_ >= queue_module._IDLE_ROUNDS:
+            sleeps.append(round_)
+        real(ring_, for_pop, round_, *args, **kwargs)
+
+    monkeypatch.setattr(queue_module, "_backoff", counting)
+    prg = sk.build_program(ctx, DRAIN_KERNEL)
+    queue = cl.CommandQueue(ctx)
+    items = np.arange(40_000, dtype=np.int64)
+    outcomes = []
+    for _ in range(4):
+        wq = sk.WorkQueue(ctx, 256, backend=backend)
+        gs, ls = sk.persistent_grid(queue, host_threads=1, local_size=64)
+        sums = fine_zeros(ctx, gs[0], np.int64)
+        event = sk.launch(queue, cl.Kernel(prg, "drain"), gs, ls, wq, sums)
+        queue.flush()
+        del sleeps[:]
+        for j in range(0, len(items), 320):
+            wq.push_many(items[j : j + 320])
+        outcomes.append(len(sleeps))
+        wq.close()
+        finish([event], wq)
+        assert sums.host.sum() == items.sum()
+        if not sleeps:
+            break
+    assert 0 in outcomes, f"the producer slept in every run: {outcomes}"
+
+
+def test_blocked_call_on_an_idle_queue_sleeps(ctx: cl.Context, backend: str) -> None:
+    """Nothing moves: the wait backs off to sleeping, so it costs a small part of a core."""
+    wq = sk.WorkQueue(ctx, 4, backend=backend)
+    start, cpu = time.perf_counter(), time.thread_time()
+    with pytest.raises(TimeoutError):
+        wq.pop(timeout=0.4)
+    wall = time.perf_counter() - start
+    assert wall >= 0.4 and time.thread_time() - cpu < 0.25 * wall
+
+
 # --- reopen -----------------------------------------------------------------------------------
 
 BLOCKER = r"""
@@ -876,7 +943,7 @@ def test_reopen_in_a_loop_exactly_once(ctx: cl.Context, backend: str) -> None:
         wq.reopen()
         assert wq.kernel_arg.ptr == ptr and not wq.closed
     # host-only rounds too: pops block again after reopen, and nothing is left over
-    for round_ in range(5):
+    for _ in range(5):
         assert _host_exactly_once(wq, 2, 2, 400) == 800
         wq.reopen()
 

@@ -485,19 +485,25 @@ static inline int slot_ready(Ring *self, int for_pop, uint64_t pos)
 
 /* Once the first slot is ready, how long wait() keeps gathering for `want` ready slots. */
 #define GATHER_NS 2000u
+/* The longest one wait() holds the thread in C (signals and timeouts are seen between). */
+#define WAIT_CAP_NS 5000000u
 
-/* wait(for_pop, max_ns, want=1): spin without the GIL until the slot at head (for_pop) or
- * tail is ready, the queue closes, or max_ns passed.  With want > 1, once that slot is ready
- * it keeps spinning up to GATHER_NS for the slot want - 1 further on, so that a batch call
- * claims a run instead of trailing the agent on the other side slot by slot (each slot line
- * would bounce between them).  True when it ended because the ring was ready (or closed),
- * False when max_ns passed; callers retry either way. */
+/* wait(for_pop, idle_ns, want=1): spin without the GIL until the slot at head
+ * (for_pop) or tail is ready, or the queue closes; True then.  While the other side moves
+ * (tail for a pop, head for a push: it publishes or frees slots) the wait goes on, however
+ * long: a ring being drained is waited for by spinning, never by sleeping.  False once the
+ * other side did not move for idle_ns (the caller backs off to sleeping).  With want > 1,
+ * once the slot is ready it keeps spinning up to GATHER_NS for the slot want - 1 further on,
+ * so that a batch call claims a run instead of trailing the other side slot by slot.  At
+ * most WAIT_CAP_NS in one call (then True: the caller retries).  No sched_yield: on a CPU
+ * device sharing the host's cores, yields in the spin made the drained producer slower (the
+ * caller shortens idle_ns there instead, so a kernel that needs this core gets it soon). */
 static PyObject *Ring_wait(Ring *self, PyObject *args)
 {
     int for_pop;
-    unsigned long long max_ns;
+    unsigned long long idle_ns;
     Py_ssize_t want = 1;
-    if (!PyArg_ParseTuple(args, "pK|n", &for_pop, &max_ns, &want))
+    if (!PyArg_ParseTuple(args, "pK|n", &for_pop, &idle_ns, &want))
         return NULL;
     if (want < 1)
         want = 1;
@@ -505,13 +511,15 @@ static PyObject *Ring_wait(Ring *self, PyObject *args)
         want = (Py_ssize_t)(self->mask + 1);
     int ready = 1;
     Py_BEGIN_ALLOW_THREADS
+    uint64_t *counter = for_pop ? self->head : self->tail;
+    uint64_t *other = for_pop ? self->tail : self->head;
     uint64_t start = now_ns();
-    uint64_t deadline = start + max_ns;
+    uint64_t moved_at = start;
+    uint64_t seen = __atomic_load_n(other, __ATOMIC_RELAXED);
     uint64_t first_ready = 0;
     for (unsigned spins = 1;; spins++) {
         if (__atomic_load_n(self->closed, __ATOMIC_ACQUIRE))
             break;
-        uint64_t *counter = for_pop ? self->head : self->tail;
         uint64_t pos = __atomic_load_n(counter, __ATOMIC_RELAXED) & ~CLOSED_BIT;
         if (slot_ready(self, for_pop, pos)) {
             if (want == 1 || slot_ready(self, for_pop, pos + (uint64_t)want - 1))
@@ -522,9 +530,18 @@ static PyObject *Ring_wait(Ring *self, PyObject *args)
                 break;
         }
         cpu_relax();
-        if ((spins & 63) == 0 && now_ns() >= deadline) {
-            ready = 0;
-            break;
+        if ((spins & 63) == 0) {
+            uint64_t t = now_ns();
+            uint64_t o = __atomic_load_n(other, __ATOMIC_RELAXED);
+            if (o != seen) {
+                seen = o;
+                moved_at = t;
+            } else if (t - moved_at >= idle_ns) {
+                ready = 0;
+                break;
+            }
+            if (t - start >= WAIT_CAP_NS)
+                break;
         }
     }
     Py_END_ALLOW_THREADS
@@ -544,7 +561,7 @@ static PyMethodDef Ring_methods[] = {
     {"closed", (PyCFunction)Ring_closed, METH_NOARGS, "whether the closed bit is set"},
     {"drained", (PyCFunction)Ring_drained, METH_NOARGS, "closed and every item popped"},
     {"length", (PyCFunction)Ring_length, METH_NOARGS, "items claimed but not yet popped"},
-    {"wait", (PyCFunction)Ring_wait, METH_VARARGS, "spin without the GIL until the ring is ready (want: a run)"},
+    {"wait", (PyCFunction)Ring_wait, METH_VARARGS, "spin without the GIL while the other side moves, until the ring is ready; False: idle"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -33,7 +33,6 @@ once.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import weakref
@@ -73,14 +72,20 @@ _OPENCL_TYPES = {
     "bool": "uchar",
 }
 
-# Blocking waits: spin (the native helper spins without the GIL) for about 200 µs, then
-# sleep with a growing interval up to 1 ms (on a CPU device the kernel needs the cores).
-# Batch calls (push_many/pop_many) on a context with a CPU device spin once, briefly, then
-# sleep: they serve throughput, and a host thread spinning on a core the kernel's
-# work-groups need slows the kernel down more than a sleep delays the host.
-_SPIN_NS = 20_000
-_SPIN_ROUNDS = 10
-_BATCH_SPIN_NS = 5_000
+# Blocking waits (push/pop on a full/empty ring).  A wait spins without the GIL (C ring)
+# for as long as the other side moves: a ring that a kernel is draining (or filling) is
+# waited for by spinning, never by sleeping, and every call that makes progress starts
+# afresh.  Only once the other side did not move for _IDLE_NS (_IDLE_NS_SHARED where a
+# kernel runs on the host's cores, a CPU device: a work-item may need this core) does the
+# wait back off: _IDLE_ROUNDS such spins, then sleeps from _FIRST_SLEEP doubling up to
+# _MAX_SLEEP, each followed by one look at the ring.  So a host call blocked on an idle
+# queue costs one look per millisecond (well under 1 % of a core) and notices the other
+# side within about a millisecond once it resumes.  (Yielding the core inside the spin,
+# sched_yield, made a drained producer slower on a CPU device: not done.)
+_IDLE_NS = 200_000
+_IDLE_NS_SHARED = 50_000
+_IDLE_ROUNDS = 2
+_FIRST_SLEEP = 2e-5
 _MAX_SLEEP = 1e-3
 # A batch call that finds the ring not ready waits for a run of this many slots (for at most
 # a few µs once the first is ready) instead of trailing the other side slot by slot.
@@ -218,23 +223,17 @@ def _backoff(
     for_pop: bool,
     round_: int,
     want: int = 1,
-    spin_rounds: int = 0,
     shares_cores: bool = False,
 ) -> None:
-    """Wait once for the ring: spin rounds first (``spin_rounds``, default ``_SPIN_ROUNDS``;
-    a round spins for ``_SPIN_NS``, or ``_BATCH_SPIN_NS`` when fewer rounds were asked for),
-    then sleeps that grow to ``_MAX_SLEEP``.  Where the kernel runs on the host's cores
-    (``shares_cores``) a single-item wait spins in short rounds and yields the core after
-    each, so a work-item that shares this thread's core gets to answer."""
-    rounds = spin_rounds or _SPIN_ROUNDS
-    if round_ < rounds:
-        if shares_cores and rounds == _SPIN_ROUNDS:
-            if not ring.wait(for_pop, _BATCH_SPIN_NS, want):
-                os.sched_yield()  # only when nothing came: a ready item is taken at once
-        else:
-            ring.wait(for_pop, _SPIN_NS if rounds == _SPIN_ROUNDS else _BATCH_SPIN_NS, want)
+    """Wait once for the ring.  ``round_`` counts the waits since this call last made
+    progress (callers reset it to 0 when an item went through): the first ``_IDLE_ROUNDS``
+    spin while the other side moves (see ``_IDLE_NS``), later ones sleep, doubling from
+    ``_FIRST_SLEEP`` to ``_MAX_SLEEP``; ``shares_cores``: the kernel runs on the host's
+    cores (shorter idle spin)."""
+    if round_ < _IDLE_ROUNDS:
+        ring.wait(for_pop, _IDLE_NS_SHARED if shares_cores else _IDLE_NS, want)
     else:
-        time.sleep(min(_MAX_SLEEP, 1e-5 * (round_ - rounds + 1)))
+        time.sleep(min(_MAX_SLEEP, _FIRST_SLEEP * (1 << min(round_ - _IDLE_ROUNDS, 16))))
 
 
 def _expired(deadline: float | None) -> bool:
@@ -298,7 +297,6 @@ class WorkQueue:
         self.backend = "python" if ring_type is host_ring.PyRing else "native"
         self._scalar: Callable[[Any], Any] = dt.type if direct else self._from_bits
         self._shares_cores = any(d.type & cl.device_type.CPU for d in ctx.devices)
-        self._batch_spin_rounds = 1 if self._shares_cores else _SPIN_ROUNDS
         self._reopen_lock = threading.Lock()
         with _live_lock:
             _live.add(self)
@@ -410,8 +408,9 @@ class WorkQueue:
         try:
             while done < n:
                 k = ring.try_push_many(src, done)
-                if k > 0:  # (no backoff reset: a producer kept waiting on a full ring
-                    done += k  # escalates to sleeping instead of spinning against consumers)
+                if k > 0:
+                    done += k
+                    round_ = 0  # progress: the next wait spins afresh
                     continue
                 if k < 0:
                     err = QueueClosed(
@@ -428,7 +427,7 @@ class WorkQueue:
                             "items pushed",
                             pushed=done,
                         )
-                _backoff(ring, False, round_, min(n - done, _GATHER), self._batch_spin_rounds)
+                _backoff(ring, False, round_, min(n - done, _GATHER), self._shares_cores)
                 round_ += 1
         except BaseException as exc:  # an interrupt too: say how many items went in
             if not hasattr(exc, "pushed"):
@@ -493,7 +492,7 @@ class WorkQueue:
                             f"pop_many timed out after {timeout} s: the queue stayed empty"
                         )
                     break
-                _backoff(ring, True, round_, min(n - got, _GATHER), self._batch_spin_rounds)
+                _backoff(ring, True, round_, min(n - got, _GATHER), self._shares_cores)
                 round_ += 1
         except BaseException as exc:  # an interrupt too: the items taken go with it
             exc.popped = out[:got]  # type: ignore[attr-defined]

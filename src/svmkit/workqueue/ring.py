@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 HOST_IS_TSO = platform.machine().lower() in ("x86_64", "amd64", "x86", "i386", "i686")
 
 _ACQUIRE, _RELEASE, _SEQ_CST = 2, 3, 5
+_WAIT_CAP_NS = 5_000_000  # the longest one wait() polls (as the C ring's)
 
 
 class RingOps(Protocol):
@@ -80,7 +81,7 @@ class RingOps(Protocol):
     def closed(self) -> bool: ...
     def drained(self) -> bool: ...
     def length(self) -> int: ...
-    def wait(self, for_pop: bool, max_ns: int, want: int = 1, /) -> bool: ...
+    def wait(self, for_pop: bool, idle_ns: int, want: int = 1, /) -> bool: ...
 
 
 class CasProvider:
@@ -388,11 +389,27 @@ class PyRing:
         tail = self._load_word(TAIL_OFFSET // 8) & ~CLOSED_BIT
         return max(0, min(tail - head, self._capacity))
 
-    def wait(self, for_pop: bool, max_ns: int, want: int = 1) -> bool:
-        """Give the CPU away once (the GIL is released while sleeping); False: the core
-        was already given away."""
-        time.sleep(0)
-        return False
+    def wait(self, for_pop: bool, idle_ns: int, want: int = 1) -> bool:
+        """Poll until the slot at head (``for_pop``) or tail is ready or the queue closes
+        (True), giving the GIL and the core away between looks (``time.sleep(0)``); False
+        once the other side (tail for a pop, head for a push) did not move for ``idle_ns``.
+        ``want`` is the C ring's (the first slot decides here)."""
+        counter, other = (HEAD_OFFSET // 8, TAIL_OFFSET // 8)[:: 1 if for_pop else -1]
+        seen = self._load_word(other)
+        moved_at = start = time.monotonic_ns()
+        while True:
+            if self._closed_word[0]:
+                return True
+            pos = self._load_word(counter) & ~CLOSED_BIT
+            if self._load_seq(pos & self._mask) - (pos + (1 if for_pop else 0)) >= 0:
+                return True
+            time.sleep(0)
+            now = time.monotonic_ns()
+            moved = self._load_word(other)
+            if moved != seen:
+                seen, moved_at = moved, now
+            elif now - moved_at >= idle_ns or now - start >= _WAIT_CAP_NS:
+                return now - moved_at < idle_ns
 
 
 @functools.cache
