@@ -4,7 +4,9 @@
  * ring at the same time, with SVM atomics (clSVMAlloc with CL_MEM_SVM_FINE_GRAIN_BUFFER |
  * CL_MEM_SVM_ATOMICS).  Usage:
  *
- *     #include "svmkit_workqueue.h"          // WQ_ITEM defaults to long
+ *     #include "svmkit_workqueue.h"          // WQ_ITEM defaults to long; for a record
+ *                                            // (a struct of up to 64 bytes) put
+ *                                            // sk.WorkQueue.source_for(dtype) first
  *     __kernel void consume(__global svmkit_wq *q, __global long *out) {
  *         WQ_ITEM item;
  *         while (wq_pop(q, &item)) { ... }   // ends once the host closed the queue and
@@ -40,8 +42,10 @@
  *     0  head    ulong  consumers' claim counter            (own 64-byte line)
  *    64  tail    ulong  producers' claim counter; bit 63 = closed  (own line)
  *   128  closed  uint   mirror of tail's bit 63, read while idle    (own line)
- *   192  mask (ulong), capacity (ulong), item_size (uint), magic (uint): set once by the host
- *   256  slots[capacity], 16 bytes each: ulong seq at +0, WQ_ITEM item at +8
+ *   192  mask (ulong), capacity (ulong), item_size (uint), magic (uint), slot_bytes (uint):
+ *        set once by the host
+ *   256  slots[capacity], slot_bytes each (8 + the item size rounded up to 8: 16 for items
+ *        of up to 8 bytes): ulong seq at +0, WQ_ITEM item at +8
  *
  * Protocol (D. Vyukov's bounded MPMC queue).  Slot i starts with seq == i.  A producer at
  * position p (slot p & mask) may write once seq == p: it claims p by a compare-exchange of
@@ -83,9 +87,12 @@
 #define SVMKIT_WQ_TAIL_OFFSET 64
 #define SVMKIT_WQ_CLOSED_OFFSET 128
 #define SVMKIT_WQ_PARAMS_OFFSET 192
+#define SVMKIT_WQ_ITEM_SIZE_OFFSET 208
+#define SVMKIT_WQ_MAGIC_OFFSET 212
+#define SVMKIT_WQ_SLOT_BYTES_OFFSET 216
 #define SVMKIT_WQ_HEADER_BYTES 256
-#define SVMKIT_WQ_SLOT_BYTES 16
 #define SVMKIT_WQ_ITEM_OFFSET 8
+#define SVMKIT_WQ_MAX_ITEM_BYTES 64
 #define SVMKIT_WQ_MAGIC 0x53564d51u /* "SVMQ" */
 #define SVMKIT_WQ_CLOSED ((ulong)1 << 63)
 
@@ -100,30 +107,38 @@ typedef struct {
     ulong capacity;
     uint item_size;
     uint magic;
-    uchar _pad3[40];
+    uint slot_bytes;
+    uchar _pad3[36];
 } svmkit_wq;
 
-/* WQ_ITEM must fit the 8 bytes a slot holds for it, and the struct must be the header. */
-typedef char svmkit_wq_item_fits_in_a_slot[(sizeof(WQ_ITEM) <= 8) ? 1 : -1];
+/* WQ_ITEM must fit a slot's item, and the struct must be the header. */
+typedef char svmkit_wq_item_fits_in_a_slot[(sizeof(WQ_ITEM) <= SVMKIT_WQ_MAX_ITEM_BYTES) ? 1
+                                                                                       : -1];
 typedef char svmkit_wq_header_size[(sizeof(svmkit_wq) == SVMKIT_WQ_HEADER_BYTES) ? 1 : -1];
 #if defined(__clang__)
 typedef char svmkit_wq_offsets[(__builtin_offsetof(svmkit_wq, tail) == SVMKIT_WQ_TAIL_OFFSET &&
                                 __builtin_offsetof(svmkit_wq, closed) == SVMKIT_WQ_CLOSED_OFFSET &&
-                                __builtin_offsetof(svmkit_wq, mask) == SVMKIT_WQ_PARAMS_OFFSET)
+                                __builtin_offsetof(svmkit_wq, mask) == SVMKIT_WQ_PARAMS_OFFSET &&
+                                __builtin_offsetof(svmkit_wq, item_size) ==
+                                    SVMKIT_WQ_ITEM_SIZE_OFFSET &&
+                                __builtin_offsetof(svmkit_wq, slot_bytes) ==
+                                    SVMKIT_WQ_SLOT_BYTES_OFFSET)
                                    ? 1
                                    : -1];
 #endif
 
+/* Slot `pos & mask` is slot_bytes long (the header's stride, written by the host: the same
+ * the host's rings read, whatever item type a kernel was built for). */
 inline __global atomic_ulong *svmkit_wq_seq(__global svmkit_wq *q, ulong pos)
 {
     return (__global atomic_ulong *)((__global uchar *)q + SVMKIT_WQ_HEADER_BYTES +
-                                     (pos & q->mask) * SVMKIT_WQ_SLOT_BYTES);
+                                     (pos & q->mask) * q->slot_bytes);
 }
 
 inline __global WQ_ITEM *svmkit_wq_item(__global svmkit_wq *q, ulong pos)
 {
     return (__global WQ_ITEM *)((__global uchar *)q + SVMKIT_WQ_HEADER_BYTES +
-                                (pos & q->mask) * SVMKIT_WQ_SLOT_BYTES + SVMKIT_WQ_ITEM_OFFSET);
+                                (pos & q->mask) * q->slot_bytes + SVMKIT_WQ_ITEM_OFFSET);
 }
 
 /* 1: pushed, 0: full, -1: closed. */

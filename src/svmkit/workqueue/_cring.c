@@ -20,9 +20,10 @@
 
 #if !defined(SVMKIT_WQ_HEAD_OFFSET) || !defined(SVMKIT_WQ_TAIL_OFFSET) ||                \
     !defined(SVMKIT_WQ_CLOSED_OFFSET) || !defined(SVMKIT_WQ_HEADER_BYTES) ||              \
-    !defined(SVMKIT_WQ_SLOT_BYTES) || !defined(SVMKIT_WQ_ITEM_OFFSET) ||                  \
+    !defined(SVMKIT_WQ_SLOT_BYTES_OFFSET) || !defined(SVMKIT_WQ_ITEM_OFFSET) ||           \
     !defined(SVMKIT_WQ_CLOSED_BIT) || !defined(SVMKIT_WQ_PARAMS_OFFSET) ||                \
-    !defined(SVMKIT_WQ_MAGIC)
+    !defined(SVMKIT_WQ_MAGIC) || !defined(SVMKIT_WQ_MAX_ITEM_BYTES) ||                    \
+    !defined(SVMKIT_WQ_ITEM_SIZE_OFFSET) || !defined(SVMKIT_WQ_MAGIC_OFFSET)
 #error "build through setup.py: the ring layout comes from svmkit/workqueue/layout.py"
 #endif
 #define CLOSED_BIT SVMKIT_WQ_CLOSED_BIT
@@ -31,27 +32,37 @@
 #define CLOSED_OFF SVMKIT_WQ_CLOSED_OFFSET
 #define HEADER_BYTES SVMKIT_WQ_HEADER_BYTES
 
+#define ITEM_OFF SVMKIT_WQ_ITEM_OFFSET
+#define MAX_ITEM SVMKIT_WQ_MAX_ITEM_BYTES
+
+/* A slot: seq (uint64) at +0, the item at ITEM_OFF; slots are `stride` bytes apart, the
+ * stride read from the ring's header (slot_bytes), as the Python ring and the device do. */
 typedef struct {
     uint64_t seq;
-    unsigned char item[8];
 } slot_t;
-
-/* The slot struct must be the layout's slot: seq at +0, the item at ITEM_OFFSET. */
-typedef char slot_matches_layout[(sizeof(slot_t) == SVMKIT_WQ_SLOT_BYTES &&
-                                  offsetof(slot_t, item) == SVMKIT_WQ_ITEM_OFFSET)
-                                     ? 1
-                                     : -1];
 
 typedef struct {
     PyObject_HEAD
     uint64_t *head;
     uint64_t *tail;
     uint32_t *closed;
-    slot_t *slots;
+    unsigned char *slots;
     uint64_t mask;
+    uint64_t stride;
     Py_ssize_t itemsize;
-    char kind; /* 'i' signed, 'u' unsigned, 'f' float, 'r' raw bits (Python converts) */
+    char kind; /* 'i' signed, 'u' unsigned, 'f' float, 'r' raw bits (Python converts),
+                  'b' a record of itemsize bytes (bytes in, bytes out) */
 } Ring;
+
+static inline slot_t *slot_at(const Ring *r, uint64_t pos)
+{
+    return (slot_t *)(r->slots + (pos & r->mask) * r->stride);
+}
+
+static inline unsigned char *item_of(slot_t *s)
+{
+    return (unsigned char *)s + ITEM_OFF;
+}
 
 static inline void cpu_relax(void)
 {
@@ -73,6 +84,20 @@ static inline uint64_t now_ns(void)
 
 static int to_bits(Ring *r, PyObject *obj, unsigned char *out)
 {
+    if (r->kind == 'b') {
+        Py_buffer view;
+        if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0)
+            return -1;
+        int ok = view.len == r->itemsize;
+        if (ok)
+            memcpy(out, view.buf, (size_t)r->itemsize);
+        PyBuffer_Release(&view);
+        if (!ok) {
+            PyErr_Format(PyExc_ValueError, "a record item must be %zd bytes", r->itemsize);
+            return -1;
+        }
+        return 0;
+    }
     if (r->kind == 'f') {
         double d = PyFloat_AsDouble(obj);
         if (d == -1.0 && PyErr_Occurred())
@@ -137,6 +162,8 @@ static int to_bits(Ring *r, PyObject *obj, unsigned char *out)
 static PyObject *from_bits(Ring *r, const unsigned char *in)
 {
     switch (r->kind) {
+    case 'b':
+        return PyBytes_FromStringAndSize((const char *)in, r->itemsize);
     case 'f':
         if (r->itemsize == 8) {
             double d;
@@ -177,12 +204,12 @@ static int ring_try_push(Ring *r, const unsigned char *bits)
     for (;;) {
         if (pos & CLOSED_BIT)
             return -1;
-        slot_t *s = &r->slots[pos & r->mask];
+        slot_t *s = slot_at(r, pos);
         int64_t dif = (int64_t)(__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) - pos);
         if (dif == 0) {
             if (__atomic_compare_exchange_n(r->tail, &pos, pos + 1, 1, __ATOMIC_RELAXED,
                                             __ATOMIC_RELAXED)) {
-                memcpy(s->item, bits, (size_t)r->itemsize);
+                memcpy(item_of(s), bits, (size_t)r->itemsize);
                 __atomic_store_n(&s->seq, pos + 1, __ATOMIC_RELEASE);
                 return 1;
             }
@@ -199,12 +226,12 @@ static int ring_try_pop(Ring *r, unsigned char *bits)
 {
     uint64_t pos = __atomic_load_n(r->head, __ATOMIC_RELAXED);
     for (;;) {
-        slot_t *s = &r->slots[pos & r->mask];
+        slot_t *s = slot_at(r, pos);
         int64_t dif = (int64_t)(__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) - (pos + 1));
         if (dif == 0) {
             if (__atomic_compare_exchange_n(r->head, &pos, pos + 1, 1, __ATOMIC_RELAXED,
                                             __ATOMIC_RELAXED)) {
-                memcpy(bits, s->item, (size_t)r->itemsize);
+                memcpy(bits, item_of(s), (size_t)r->itemsize);
                 __atomic_store_n(&s->seq, pos + r->mask + 1, __ATOMIC_RELEASE);
                 return 1;
             }
@@ -251,10 +278,10 @@ static void ring_fill(Ring *r, uint64_t start, Py_ssize_t k, const unsigned char
     size_t isz = (size_t)r->itemsize;
     for (Py_ssize_t i = 0; i < k; i++) {
         uint64_t pos = start + (uint64_t)i;
-        slot_t *s = &r->slots[pos & r->mask];
+        slot_t *s = slot_at(r, pos);
         while (__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != pos)
             cpu_relax();
-        memcpy(s->item, src + (size_t)i * isz, isz);
+        memcpy(item_of(s), src + (size_t)i * isz, isz);
         __atomic_store_n(&s->seq, pos + 1, __ATOMIC_RELEASE);
     }
 }
@@ -267,13 +294,13 @@ static Py_ssize_t ring_reserve_pop(Ring *r, Py_ssize_t n, uint64_t *start)
         Py_ssize_t k = 0;
         while (k < n) {
             uint64_t p = pos + (uint64_t)k;
-            uint64_t seq = __atomic_load_n(&r->slots[p & r->mask].seq, __ATOMIC_ACQUIRE);
+            uint64_t seq = __atomic_load_n(&slot_at(r, p)->seq, __ATOMIC_ACQUIRE);
             if (seq != p + 1)
                 break;
             k++;
         }
         if (k == 0) {
-            uint64_t seq = __atomic_load_n(&r->slots[pos & r->mask].seq, __ATOMIC_ACQUIRE);
+            uint64_t seq = __atomic_load_n(&slot_at(r, pos)->seq, __ATOMIC_ACQUIRE);
             if ((int64_t)(seq - (pos + 1)) > 0) { /* head moved on */
                 pos = __atomic_load_n(r->head, __ATOMIC_RELAXED);
                 continue;
@@ -294,8 +321,8 @@ static void ring_drain_into(Ring *r, uint64_t start, Py_ssize_t k, unsigned char
     uint64_t cap = r->mask + 1;
     for (Py_ssize_t i = 0; i < k; i++) {
         uint64_t pos = start + (uint64_t)i;
-        slot_t *s = &r->slots[pos & r->mask];
-        memcpy(dst + (size_t)i * isz, s->item, isz);
+        slot_t *s = slot_at(r, pos);
+        memcpy(dst + (size_t)i * isz, item_of(s), isz);
         __atomic_store_n(&s->seq, pos + cap, __ATOMIC_RELEASE);
     }
 }
@@ -320,17 +347,35 @@ static int Ring_init(Ring *self, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKnC", kwlist, &address, &capacity,
                                      &itemsize, &kind))
         return -1;
-    if (capacity < 2 || (capacity & (capacity - 1)) || itemsize < 1 || itemsize > 8 ||
-        (kind != 'i' && kind != 'u' && kind != 'f' && kind != 'r') ||
+    if (capacity < 2 || (capacity & (capacity - 1)) || itemsize < 1 ||
+        itemsize > (kind == 'b' ? MAX_ITEM : 8) ||
+        (kind != 'i' && kind != 'u' && kind != 'f' && kind != 'r' && kind != 'b') ||
         (kind == 'f' && itemsize != 4 && itemsize != 8)) {
         PyErr_SetString(PyExc_ValueError, "bad ring parameters");
         return -1;
     }
     char *base = (char *)(uintptr_t)address;
+    /* The header the host wrote decides the stride; it must describe this ring. */
+    uint64_t hdr_capacity;
+    uint32_t hdr_itemsize, hdr_magic, hdr_stride;
+    memcpy(&hdr_capacity, base + SVMKIT_WQ_PARAMS_OFFSET + 8, 8);
+    memcpy(&hdr_itemsize, base + SVMKIT_WQ_ITEM_SIZE_OFFSET, 4);
+    memcpy(&hdr_magic, base + SVMKIT_WQ_MAGIC_OFFSET, 4);
+    memcpy(&hdr_stride, base + SVMKIT_WQ_SLOT_BYTES_OFFSET, 4);
+    if (hdr_magic != SVMKIT_WQ_MAGIC || hdr_capacity != capacity ||
+        hdr_itemsize != (uint32_t)itemsize || hdr_stride % 8 ||
+        hdr_stride < ITEM_OFF + (uint64_t)itemsize) {
+        PyErr_Format(PyExc_ValueError,
+                     "the ring header does not describe this ring (magic %#x, capacity %llu, "
+                     "item size %u, slot bytes %u)",
+                     hdr_magic, (unsigned long long)hdr_capacity, hdr_itemsize, hdr_stride);
+        return -1;
+    }
     self->head = (uint64_t *)(base + HEAD_OFF);
     self->tail = (uint64_t *)(base + TAIL_OFF);
     self->closed = (uint32_t *)(base + CLOSED_OFF);
-    self->slots = (slot_t *)(base + HEADER_BYTES);
+    self->slots = (unsigned char *)(base + HEADER_BYTES);
+    self->stride = hdr_stride;
     self->mask = capacity - 1;
     self->itemsize = itemsize;
     self->kind = (char)kind;
@@ -339,7 +384,7 @@ static int Ring_init(Ring *self, PyObject *args, PyObject *kwds)
 
 static PyObject *Ring_try_push(Ring *self, PyObject *item)
 {
-    unsigned char bits[8] = {0};
+    unsigned char bits[MAX_ITEM] = {0};
     if (to_bits(self, item, bits) < 0)
         return NULL;
     return PyLong_FromLong(ring_try_push(self, bits));
@@ -347,7 +392,7 @@ static PyObject *Ring_try_push(Ring *self, PyObject *item)
 
 static PyObject *Ring_try_pop(Ring *self, PyObject *Py_UNUSED(ignored))
 {
-    unsigned char bits[8];
+    unsigned char bits[MAX_ITEM];
     if (!ring_try_pop(self, bits))
         Py_RETURN_NONE;
     return from_bits(self, bits);
@@ -446,7 +491,7 @@ static PyObject *Ring_reopen(Ring *self, PyObject *Py_UNUSED(ignored))
     if ((int64_t)(head - pos) < 0)
         return PyLong_FromLong(-1);
     for (uint64_t p = pos; p != head; p++)
-        __atomic_store_n(&self->slots[p & self->mask].seq, p + self->mask + 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&slot_at(self, p)->seq, p + self->mask + 1, __ATOMIC_RELEASE);
     if (!__atomic_compare_exchange_n(self->tail, &old, head, 0, __ATOMIC_SEQ_CST,
                                      __ATOMIC_SEQ_CST))
         return PyLong_FromLong(0);
@@ -479,7 +524,7 @@ static PyObject *Ring_length(Ring *self, PyObject *Py_UNUSED(ignored))
 /* Whether the slot of position `pos` is ready: published (for_pop) or free (for push). */
 static inline int slot_ready(Ring *self, int for_pop, uint64_t pos)
 {
-    uint64_t seq = __atomic_load_n(&self->slots[pos & self->mask].seq, __ATOMIC_ACQUIRE);
+    uint64_t seq = __atomic_load_n(&slot_at(self, pos)->seq, __ATOMIC_ACQUIRE);
     return (int64_t)(seq - (pos + (for_pop ? 1 : 0))) >= 0;
 }
 
@@ -595,13 +640,16 @@ PyMODINIT_FUNC PyInit__cring(void)
         return NULL;
     }
     PyObject *layout = Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsK}", "HEAD_OFFSET", (unsigned long long)SVMKIT_WQ_HEAD_OFFSET,
+        "{sKsKsKsKsKsKsKsKsKsKsKsK}", "HEAD_OFFSET", (unsigned long long)SVMKIT_WQ_HEAD_OFFSET,
         "TAIL_OFFSET", (unsigned long long)SVMKIT_WQ_TAIL_OFFSET, "CLOSED_OFFSET",
         (unsigned long long)SVMKIT_WQ_CLOSED_OFFSET, "PARAMS_OFFSET",
-        (unsigned long long)SVMKIT_WQ_PARAMS_OFFSET, "HEADER_BYTES",
-        (unsigned long long)SVMKIT_WQ_HEADER_BYTES, "SLOT_BYTES",
-        (unsigned long long)SVMKIT_WQ_SLOT_BYTES, "ITEM_OFFSET",
-        (unsigned long long)SVMKIT_WQ_ITEM_OFFSET, "MAGIC", (unsigned long long)SVMKIT_WQ_MAGIC,
+        (unsigned long long)SVMKIT_WQ_PARAMS_OFFSET, "ITEM_SIZE_OFFSET",
+        (unsigned long long)SVMKIT_WQ_ITEM_SIZE_OFFSET, "MAGIC_OFFSET",
+        (unsigned long long)SVMKIT_WQ_MAGIC_OFFSET, "SLOT_BYTES_OFFSET",
+        (unsigned long long)SVMKIT_WQ_SLOT_BYTES_OFFSET, "HEADER_BYTES",
+        (unsigned long long)SVMKIT_WQ_HEADER_BYTES, "ITEM_OFFSET",
+        (unsigned long long)SVMKIT_WQ_ITEM_OFFSET, "MAX_ITEM_BYTES",
+        (unsigned long long)SVMKIT_WQ_MAX_ITEM_BYTES, "MAGIC", (unsigned long long)SVMKIT_WQ_MAGIC,
         "CLOSED_BIT", (unsigned long long)SVMKIT_WQ_CLOSED_BIT);
     if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
         Py_XDECREF(layout);

@@ -50,27 +50,21 @@ from svmkit.errors import InvalidValueError, QueueClosed
 from svmkit.events import at_shutdown
 from svmkit.policy import Granularity, Policy
 from svmkit.workqueue import ring as host_ring
-from svmkit.workqueue.layout import HEADER_BYTES, ITEM_OFFSET, MAGIC, PARAMS_OFFSET, SLOT_BYTES
+from svmkit.workqueue.items import check_dtype, is_record, opencl_type, source_for
+from svmkit.workqueue.layout import (
+    HEADER_BYTES,
+    ITEM_OFFSET,
+    ITEM_SIZE_OFFSET,
+    MAGIC,
+    MAGIC_OFFSET,
+    PARAMS_OFFSET,
+    SLOT_BYTES_OFFSET,
+    slot_bytes,
+)
 
 __all__ = ["WorkQueue", "WorkQueueTimeout", "close_all", "opencl_type", "persistent_grid"]
 
 log = logging.getLogger(__name__)
-
-_OPENCL_TYPES = {
-    "int8": "char",
-    "uint8": "uchar",
-    "int16": "short",
-    "uint16": "ushort",
-    "int32": "int",
-    "uint32": "uint",
-    "int64": "long",
-    "uint64": "ulong",
-    "float16": "half",
-    "float32": "float",
-    "float64": "double",
-    "complex64": "float2",
-    "bool": "uchar",
-}
 
 # Blocking waits (push/pop on a full/empty ring).  A wait spins without the GIL (C ring)
 # for as long as the other side moves: a ring that a kernel is draining (or filling) is
@@ -98,29 +92,6 @@ class WorkQueueTimeout(TimeoutError):
     def __init__(self, message: str, pushed: int = 0) -> None:
         super().__init__(message)
         self.pushed = pushed
-
-
-def opencl_type(dtype: Any) -> str:
-    """The OpenCL C type that holds items of ``dtype`` (``WQ_ITEM``): int64 -> ``long``."""
-    dt = np.dtype(dtype)
-    try:
-        return _OPENCL_TYPES[dt.name]
-    except KeyError:
-        raise InvalidValueError(
-            f"dtype must be a numeric type of at most 8 bytes, got {dt}"
-        ) from None
-
-
-def _check_dtype(dtype: Any) -> np.dtype[Any]:
-    try:
-        dt: np.dtype[Any] = np.dtype(dtype)
-    except TypeError as exc:
-        raise InvalidValueError(f"dtype must be a NumPy numeric type, got {dtype!r}") from exc
-    if dt.name not in _OPENCL_TYPES or not dt.isnative:
-        raise InvalidValueError(
-            f"dtype must be a native-order numeric type of at most 8 bytes, got {dt}"
-        )
-    return dt
 
 
 def _check_capacity(capacity: Any) -> int:
@@ -250,8 +221,11 @@ class WorkQueue:
     capacity:
         Number of slots, a power of two >= 2.
     dtype:
-        Item type, numeric, at most 8 bytes; kernels set ``WQ_ITEM`` to the matching
-        OpenCL C type (``wq.defines`` gives it for ``sk.build_program``).
+        Item type: a real number of at most 8 bytes (kernels set ``WQ_ITEM`` to the
+        matching OpenCL C type, ``wq.defines`` gives it for ``sk.build_program``), or a
+        structured dtype of at most 64 bytes equal to its ``align=True`` form, a record
+        (``pop`` returns ``np.void``; kernels declare the struct with
+        :meth:`source_for`'s prelude before the header).
     policy:
         ``Policy.fine(atomics=True)`` (default) or a SYSTEM policy with atomics.
 
@@ -273,29 +247,41 @@ class WorkQueue:
         backend: str | None = None,
     ) -> None:
         cap = _check_capacity(capacity)
-        dt = _check_dtype(dtype)
+        dt = check_dtype(dtype)
         pol = _check_policy(policy)
         pol.check(ctx)  # UnsupportedError naming each device that lacks FINE/atomics
         ring_type = host_ring.ring_class(backend)
         self._context = ctx
         self._capacity = cap
         self._dtype = dt
-        self._array: SVMArray = empty(ctx, HEADER_BYTES + cap * SLOT_BYTES, np.uint8, policy=pol)
+        stride = slot_bytes(dt.itemsize)
+        self._array: SVMArray = empty(ctx, HEADER_BYTES + cap * stride, np.uint8, policy=pol)
         raw = self._array.host
         raw[:HEADER_BYTES] = 0
-        params = raw[PARAMS_OFFSET : PARAMS_OFFSET + 24]
-        params[:16].view(np.uint64)[:] = (cap - 1, cap)
-        params[16:].view(np.uint32)[:] = (dt.itemsize, MAGIC)
-        slots = raw[HEADER_BYTES:].reshape(cap, SLOT_BYTES)
+        raw[PARAMS_OFFSET : PARAMS_OFFSET + 16].view(np.uint64)[:] = (cap - 1, cap)
+        for offset, value in (
+            (ITEM_SIZE_OFFSET, dt.itemsize),
+            (MAGIC_OFFSET, MAGIC),
+            (SLOT_BYTES_OFFSET, stride),
+        ):
+            raw[offset : offset + 4].view(np.uint32)[0] = value
+        slots = raw[HEADER_BYTES:].reshape(cap, stride)
         slots[:, :8].view(np.uint64)[:, 0] = np.arange(cap, dtype=np.uint64)  # seq at +0
         slots[:, ITEM_OFFSET:] = 0
+        self._record = is_record(dt)
         direct = dt.kind in "iu" or dt.name in ("float32", "float64")
-        kind = dt.kind if direct else "r"
-        self._raw_dtype: np.dtype[Any] = dt if direct else np.dtype(f"u{dt.itemsize}")
-        self._encode: Callable[[Any], Any] | None = None if direct else self._to_bits
+        if self._record:  # bytes in and out of the ring; buffers pass as uint8
+            kind = "b"
+            self._raw_dtype: np.dtype[Any] = np.dtype(np.uint8)
+            self._encode: Callable[[Any], Any] | None = self._to_record_bytes
+            self._scalar: Callable[[Any], Any] = self._from_record_bytes
+        else:
+            kind = dt.kind if direct else "r"
+            self._raw_dtype = dt if direct else np.dtype(f"u{dt.itemsize}")
+            self._encode = None if direct else self._to_bits
+            self._scalar = dt.type if direct else self._from_bits
         self._ring: host_ring.RingOps = ring_type(self._array.ptr, cap, dt.itemsize, kind)
         self.backend = "python" if ring_type is host_ring.PyRing else "native"
-        self._scalar: Callable[[Any], Any] = dt.type if direct else self._from_bits
         self._shares_cores = any(d.type & cl.device_type.CPU for d in ctx.devices)
         self._reopen_lock = threading.Lock()
         with _live_lock:
@@ -307,6 +293,14 @@ class WorkQueue:
 
     def _from_bits(self, bits: Any) -> Any:
         return np.asarray(bits, self._raw_dtype).view(self._dtype)[()]
+
+    def _to_record_bytes(self, item: Any) -> bytes:
+        if type(item) is np.void and item.dtype == self._dtype:
+            return item.tobytes()
+        return np.asarray(item, self._dtype).reshape(()).tobytes()  # a tuple, a 0-d array
+
+    def _from_record_bytes(self, bits: bytes) -> Any:
+        return np.frombuffer(bits, self._dtype)[0]
 
     def _coerce(self, item: Any) -> Any:
         """NumPy's conversion of ``item`` to ``dtype``, as a Python number."""
@@ -348,8 +342,24 @@ class WorkQueue:
 
     @property
     def defines(self) -> dict[str, str]:
-        """``{"WQ_ITEM": <OpenCL C type of dtype>}`` for :func:`svmkit.build_program`."""
+        """``{"WQ_ITEM": <OpenCL C type of dtype>}`` for :func:`svmkit.build_program` (for a
+        record the struct must also be declared: put :attr:`source` before the header)."""
         return {"WQ_ITEM": opencl_type(self._dtype)}
+
+    @property
+    def source(self) -> str:
+        """:meth:`source_for` of this queue's dtype."""
+        return source_for(self._dtype)
+
+    @staticmethod
+    def source_for(dtype: Any) -> str:
+        """The OpenCL C prelude for items of ``dtype``, to put before
+        ``#include "svmkit_workqueue.h"``: ``#define WQ_ITEM <type>``, and for a structured
+        dtype the ``typedef struct`` it names (a struct cannot travel through ``-D``
+        defines).  Needs no queue: a program can be built before any queue exists.
+
+        Raises :class:`~svmkit.InvalidValueError` for a dtype a queue cannot carry."""
+        return source_for(dtype)
 
     def record(self, event: cl.Event) -> None:
         """Remember a command that uses the ring: its memory is freed only after it ends."""
@@ -398,9 +408,9 @@ class WorkQueue:
         carries ``.pushed``.
         """
         src = np.ascontiguousarray(array, dtype=self._dtype).reshape(-1)
-        if self._encode is not None:
-            src = src.view(self._raw_dtype)
         n = len(src)
+        if self._encode is not None:  # raw bits (a record: its bytes)
+            src = src.view(self._raw_dtype)
         ring = self._ring
         done = 0
         deadline: float | None = None
@@ -435,7 +445,8 @@ class WorkQueue:
             raise
 
     def pop(self, timeout: float | None = None) -> Any:
-        """Pop one item (a NumPy scalar of ``dtype``), blocking while the queue is empty.
+        """Pop one item (a NumPy scalar of ``dtype``; ``np.void`` for a record), blocking
+        while the queue is empty.
 
         Raises :class:`~svmkit.QueueClosed` once the queue is closed and drained, and
         :class:`TimeoutError` when ``timeout`` seconds passed.

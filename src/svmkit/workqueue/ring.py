@@ -48,7 +48,12 @@ from svmkit.workqueue.layout import (
     HEAD_OFFSET,
     HEADER_BYTES,
     ITEM_OFFSET,
-    SLOT_BYTES,
+    ITEM_SIZE_OFFSET,
+    MAGIC,
+    MAGIC_OFFSET,
+    MAX_ITEM_BYTES,
+    PARAMS_OFFSET,
+    SLOT_BYTES_OFFSET,
     TAIL_OFFSET,
 )
 
@@ -162,8 +167,10 @@ def cas_provider() -> CasProvider:
 class PyRing:
     """The ring's host operations in Python (same interface as ``_cring.Ring``).
 
-    ``kind`` is ``"i"``/``"u"``/``"f"`` for integer, unsigned and float items or ``"r"``
-    for raw bits that the caller converts (stored as unsigned integers of ``itemsize``).
+    ``kind`` is ``"i"``/``"u"``/``"f"`` for integer, unsigned and float items, ``"r"``
+    for raw bits that the caller converts (stored as unsigned integers of ``itemsize``), or
+    ``"b"`` for records of ``itemsize`` bytes (``bytes`` in and out).  The slot stride is
+    read from the ring's header (``slot_bytes``, written by the host that created it).
     """
 
     def __init__(
@@ -176,7 +183,8 @@ class PyRing:
         provider: CasProvider | None = None,
         tso: bool | None = None,
     ) -> None:
-        if capacity < 2 or capacity & (capacity - 1) or not 1 <= itemsize <= 8:
+        limit = MAX_ITEM_BYTES if kind == "b" else 8
+        if capacity < 2 or capacity & (capacity - 1) or not 1 <= itemsize <= limit:
             raise ValueError("bad ring parameters")
         self._cas = (provider or cas_provider()).cas
         self._provider = provider or cas_provider()
@@ -186,18 +194,31 @@ class PyRing:
         self._address = address
         self._mask = capacity - 1
         self._capacity = capacity
-        raw = host_bytes(address, HEADER_BYTES + capacity * SLOT_BYTES)
+        head = host_bytes(address, HEADER_BYTES)
+        stride = int(head[SLOT_BYTES_OFFSET : SLOT_BYTES_OFFSET + 4].view(np.uint32)[0])
+        params = (
+            int(head[PARAMS_OFFSET + 8 : PARAMS_OFFSET + 16].view(np.uint64)[0]),
+            int(head[ITEM_SIZE_OFFSET : ITEM_SIZE_OFFSET + 4].view(np.uint32)[0]),
+            int(head[MAGIC_OFFSET : MAGIC_OFFSET + 4].view(np.uint32)[0]),
+        )
+        if params != (capacity, itemsize, MAGIC) or stride % 8 or stride < ITEM_OFFSET + itemsize:
+            raise ValueError(
+                f"the ring header does not describe this ring (capacity, item size, magic "
+                f"{params}, slot bytes {stride})"
+            )
+        self._stride = stride
+        raw = host_bytes(address, HEADER_BYTES + capacity * stride)
         self._words = raw.view(np.uint64)
         self._closed_word = raw[CLOSED_OFFSET : CLOSED_OFFSET + 4].view(np.uint32)
-        self._seq = self._words[HEADER_BYTES // 8 :: SLOT_BYTES // 8]
+        self._seq = self._words[HEADER_BYTES // 8 :: stride // 8]
         letter = "u" if kind == "r" else kind
-        self._dtype = np.dtype(f"{letter}{itemsize}")
+        self._dtype = np.dtype(f"V{itemsize}" if kind == "b" else f"{letter}{itemsize}")
         self._items: np.ndarray[Any, Any] = np.ndarray(
             (capacity,),
             self._dtype,
             buffer=raw,
             offset=HEADER_BYTES + ITEM_OFFSET,
-            strides=(SLOT_BYTES,),
+            strides=(stride,),
         )
         self._tail_addr = address + TAIL_OFFSET
         self._head_addr = address + HEAD_OFFSET
@@ -208,14 +229,14 @@ class PyRing:
         if self._tso:
             return int(self._seq[slot])
         assert self._provider.load is not None
-        return self._provider.load(self._seq_addr0 + slot * SLOT_BYTES)
+        return self._provider.load(self._seq_addr0 + slot * self._stride)
 
     def _store_seq(self, slot: int, value: int) -> None:
         if self._tso:
             self._seq[slot] = value
         else:
             assert self._provider.store is not None
-            self._provider.store(self._seq_addr0 + slot * SLOT_BYTES, value)
+            self._provider.store(self._seq_addr0 + slot * self._stride, value)
 
     def _load_word(self, index: int) -> int:
         if self._tso:
@@ -226,6 +247,8 @@ class PyRing:
     def try_push(self, item: Any) -> int:
         """1 pushed, 0 full, -1 closed."""
         value = self._dtype.type(item)  # convert (and raise) before claiming a slot
+        if value.dtype != self._dtype:  # a record given as bytes of another length
+            raise ValueError(f"a record item must be {self._dtype.itemsize} bytes")
         pos = self._load_word(TAIL_OFFSET // 8)
         while True:
             if pos & CLOSED_BIT:
