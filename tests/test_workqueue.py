@@ -1083,16 +1083,26 @@ def test_records_host_threads_exactly_once(ctx: cl.Context, backend: str, thread
 
 DRAIN_KERNEL = r"""
 #include "svmkit_workqueue.h"
-__kernel void drain(__global svmkit_wq *q, __global long *sums)
+/* Claims of 64 items; each item also costs a short dependent loop (hashes), so the device
+ * is the slower side (about 10 µs a claim) and the producer meets a full ring all the
+ * time. */
+__kernel void drain(__global svmkit_wq *q, __global long *sums, __global ulong *hashes)
 {
     __local WQ_ITEM in[64];
     __local int scratch;
     long s = 0;
+    ulong h = 0;
     int k;
     while ((k = wq_group_pop(q, in, 64, &scratch)) > 0)
-        for (int i = get_local_id(0); i < k; i += get_local_size(0))
+        for (int i = get_local_id(0); i < k; i += get_local_size(0)) {
             s += in[i];
+            ulong x = (ulong)in[i];
+            for (int r = 0; r < 8000; r++)
+                x = x * 6364136223846793005UL + 1442695040888963407UL;
+            h ^= x;
+        }
     sums[get_global_id(0)] = s;
+    hashes[get_global_id(0)] = h;
 }
 """
 
@@ -1106,36 +1116,41 @@ def test_producer_never_sleeps_while_the_device_drains(
     from svmkit.workqueue import queue as queue_module
 
     sleeps: list[int] = []
+    waits: list[int] = []
     real = queue_module._backoff
 
     def counting(ring_: Any, for_pop: bool, round_: int, *args: Any, **kwargs: Any) -> None:
-        if round_ >= queue_module._IDLE_ROUNDS:
-            sleeps.append(round_)
+        (sleeps if round_ >= queue_module._IDLE_ROUNDS else waits).append(round_)
         real(ring_, for_pop, round_, *args, **kwargs)
 
     monkeypatch.setattr(queue_module, "_backoff", counting)
     prg = sk.build_program(ctx, DRAIN_KERNEL)
     queue = cl.CommandQueue(ctx)
-    items = np.arange(40_000, dtype=np.int64)
+    items = np.arange(12_800, dtype=np.int64)
     outcomes = []
     for _ in range(8):
         wq = sk.WorkQueue(ctx, 256, backend=backend)
         gs, ls = sk.persistent_grid(queue, host_threads=1, local_size=64)
         sums = fine_zeros(ctx, gs[0], np.int64)
-        event = sk.launch(queue, cl.Kernel(prg, "drain"), gs, ls, wq, sums)
+        hashes = fine_zeros(ctx, gs[0], np.uint64)
+        event = sk.launch(queue, cl.Kernel(prg, "drain"), gs, ls, wq, sums, hashes)
         queue.flush()
-        del sleeps[:]
+        del sleeps[:], waits[:]
         for j in range(0, len(items), 320):
             wq.push_many(items[j : j + 320])
-        outcomes.append(len(sleeps))
+        outcomes.append((len(sleeps), len(waits)))
         wq.close()
         finish([event], wq)
         assert sums.host.sum() == items.sum()
-        if len(sleeps) <= 2:
+        if len(waits) >= 50 and len(sleeps) <= len(waits) // 10:
             break
-    # (the ring is full for most of the 125 batches: a producer that sleeps when it meets
-    # a full ring sleeps about a hundred times a run)
-    assert min(outcomes) <= 2, f"the producer slept in every run: {outcomes}"
+    # The device is the slower side: the producer waits about 200 times a run for the next
+    # claim to free slots.  A producer that sleeps once a short spin found nothing (3 µs)
+    # sleeps on a third of its waits; this one sleeps only when the kernel did not move for
+    # 50 µs (another process had its core): a few per cent of them on a busy machine.
+    assert any(w >= 50 and s <= w // 10 for s, w in outcomes), (
+        f"(sleeps, spinning waits) per run: {outcomes}"
+    )
 
 
 def test_blocked_call_on_an_idle_queue_sleeps(ctx: cl.Context, backend: str) -> None:

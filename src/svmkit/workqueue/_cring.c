@@ -254,10 +254,9 @@ static Py_ssize_t ring_reserve_push(Ring *r, Py_ssize_t n, uint64_t *start)
             return -1;
         uint64_t head = __atomic_load_n(r->head, __ATOMIC_ACQUIRE);
         int64_t used = (int64_t)(pos - head);
-        if (used < 0) { /* our tail is older than head */
-            pos = __atomic_load_n(r->tail, __ATOMIC_RELAXED);
-            continue;
-        }
+        if (used < 0) /* device consumers claimed ahead (wq_pop): every slot from tail on is
+                         free, or being freed by last lap's consumer (ring_fill waits) */
+            used = 0;
         if ((uint64_t)used >= cap)
             return 0;
         uint64_t k = cap - (uint64_t)used;

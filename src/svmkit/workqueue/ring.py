@@ -304,10 +304,7 @@ class PyRing:
         while True:
             if pos & CLOSED_BIT:
                 return -1
-            used = pos - int(self._words[HEAD_OFFSET // 8])
-            if used < 0:
-                pos = int(self._words[TAIL_OFFSET // 8])
-                continue
+            used = max(0, pos - int(self._words[HEAD_OFFSET // 8]))  # < 0: claimed ahead
             if used >= cap:
                 return 0
             k = min(n, cap - used)
