@@ -25,6 +25,7 @@ __all__ = ["DEMOS", "EXIT_INTERRUPTED", "CommandError", "build_parser", "main"]
 #: Demos of ``svmkit demo NAME``: each module has ``main(argv) -> int``, imported on use.
 DEMOS: dict[str, str] = {
     "workqueue": "svmkit.cli.demo_workqueue",
+    "tasks": "svmkit.cli.demo_tasks",
     "dask": "svmkit.dask.demo",
 }
 
@@ -39,6 +40,7 @@ OpenCL Shared Virtual Memory made practical.
 
   svmkit info               what SVM every OpenCL platform and device offers
   svmkit demo workqueue     host threads feed a running kernel through a work queue
+  svmkit demo tasks         a task queue of records against one launch per batch
   svmkit bench NAME         run benchmarks/NAME.py of a source checkout
 
 PYOPENCL_CTX selects the device, as in PyOpenCL.
