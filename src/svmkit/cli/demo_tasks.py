@@ -59,7 +59,8 @@ def make_tasks(n: int, heavy: float, seed: int) -> np.ndarray[Any, Any]:
 
 def initial_data(n: int) -> np.ndarray[Any, Any]:
     """Each task's 64 ints before it runs."""
-    return (np.arange(n * GROUP, dtype=np.uint32) * np.uint32(2654435761)).astype(np.uint32)
+    data: np.ndarray[Any, Any] = np.arange(n * GROUP, dtype=np.uint32) * np.uint32(2654435761)
+    return data
 
 
 def reference(tasks: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
