@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <sched.h>
 
 #if !defined(SVMKIT_WQ_HEAD_OFFSET) || !defined(SVMKIT_WQ_TAIL_OFFSET) ||                \
     !defined(SVMKIT_WQ_CLOSED_OFFSET) || !defined(SVMKIT_WQ_HEADER_BYTES) ||              \
@@ -531,28 +532,42 @@ static inline int slot_ready(Ring *self, int for_pop, uint64_t pos)
 #define GATHER_NS 2000u
 /* The longest one wait() holds the thread in C (signals and timeouts are seen between). */
 #define WAIT_CAP_NS 5000000u
+/* With WAIT_YIELD, how long nothing may move before the spin yields the core (each look). */
+#define YIELD_AFTER_NS 5000u
+/* wait() flags: WAIT_ONE_SPINNER: a CPU device, whose work-items run on the host's cores, so
+ * at most one host thread spins at a time (others return at once and back off to sleeping:
+ * host threads spinning on every core starve the kernel they wait for); WAIT_YIELD: also
+ * yield the core once nothing moved for YIELD_AFTER_NS (single-item waits: latency). */
+#define WAIT_ONE_SPINNER 1
+#define WAIT_YIELD 2
+static int spinners; /* host threads spinning in a WAIT_ONE_SPINNER wait */
 
-/* wait(for_pop, idle_ns, want=1): spin without the GIL until the slot at head
+/* wait(for_pop, idle_ns, want=1, flags=0): spin without the GIL until the slot at head
  * (for_pop) or tail is ready, or the queue closes; True then.  While the other side moves
  * (tail for a pop, head for a push: it publishes or frees slots) the wait goes on, however
  * long: a ring being drained is waited for by spinning, never by sleeping.  False once the
  * other side did not move for idle_ns (the caller backs off to sleeping).  With want > 1,
  * once the slot is ready it keeps spinning up to GATHER_NS for the slot want - 1 further on,
  * so that a batch call claims a run instead of trailing the other side slot by slot.  At
- * most WAIT_CAP_NS in one call (then True: the caller retries).  No sched_yield: on a CPU
- * device sharing the host's cores, yields in the spin made the drained producer slower (the
- * caller shortens idle_ns there instead, so a kernel that needs this core gets it soon). */
+ * most WAIT_CAP_NS in one call (then True: the caller retries).  `flags`: WAIT_ONE_SPINNER
+ * and WAIT_YIELD above; a WAIT_ONE_SPINNER wait that finds another thread spinning returns
+ * False at once.  While the other side moves the spin never yields (yielding on every look
+ * made a drained producer several times slower). */
 static PyObject *Ring_wait(Ring *self, PyObject *args)
 {
-    int for_pop;
+    int for_pop, flags = 0;
     unsigned long long idle_ns;
     Py_ssize_t want = 1;
-    if (!PyArg_ParseTuple(args, "pK|n", &for_pop, &idle_ns, &want))
+    if (!PyArg_ParseTuple(args, "pK|ni", &for_pop, &idle_ns, &want, &flags))
         return NULL;
     if (want < 1)
         want = 1;
     if ((uint64_t)want > self->mask + 1)
         want = (Py_ssize_t)(self->mask + 1);
+    if ((flags & WAIT_ONE_SPINNER) && __atomic_fetch_add(&spinners, 1, __ATOMIC_ACQ_REL) > 0) {
+        __atomic_fetch_sub(&spinners, 1, __ATOMIC_ACQ_REL);
+        Py_RETURN_FALSE; /* another thread spins: this one backs off to sleeping */
+    }
     int ready = 1;
     Py_BEGIN_ALLOW_THREADS
     uint64_t *counter = for_pop ? self->head : self->tail;
@@ -586,9 +601,13 @@ static PyObject *Ring_wait(Ring *self, PyObject *args)
             }
             if (t - start >= WAIT_CAP_NS)
                 break;
+            if ((flags & WAIT_YIELD) && t - moved_at >= YIELD_AFTER_NS)
+                sched_yield();
         }
     }
     Py_END_ALLOW_THREADS
+    if (flags & WAIT_ONE_SPINNER)
+        __atomic_fetch_sub(&spinners, 1, __ATOMIC_ACQ_REL);
     return PyBool_FromLong(ready);
 }
 

@@ -86,7 +86,7 @@ class RingOps(Protocol):
     def closed(self) -> bool: ...
     def drained(self) -> bool: ...
     def length(self) -> int: ...
-    def wait(self, for_pop: bool, idle_ns: int, want: int = 1, /) -> bool: ...
+    def wait(self, for_pop: bool, idle_ns: int, want: int = 1, flags: int = 0, /) -> bool: ...
 
 
 class CasProvider:
@@ -409,11 +409,12 @@ class PyRing:
         tail = self._load_word(TAIL_OFFSET // 8) & ~CLOSED_BIT
         return max(0, min(tail - head, self._capacity))
 
-    def wait(self, for_pop: bool, idle_ns: int, want: int = 1) -> bool:
+    def wait(self, for_pop: bool, idle_ns: int, want: int = 1, flags: int = 0) -> bool:
         """Poll until the slot at head (``for_pop``) or tail is ready or the queue closes
         (True), giving the GIL and the core away between looks (``time.sleep(0)``); False
         once the other side (tail for a pop, head for a push) did not move for ``idle_ns``.
-        ``want`` is the C ring's (the first slot decides here)."""
+        ``want`` and ``flags`` are the C ring's (the first slot decides here; every look
+        yields here, and any number of threads may poll)."""
         counter, other = (HEAD_OFFSET // 8, TAIL_OFFSET // 8)[:: 1 if for_pop else -1]
         seen = self._load_word(other)
         moved_at = start = time.monotonic_ns()
