@@ -1234,15 +1234,47 @@ def test_reopen_in_a_loop_exactly_once(ctx: cl.Context, backend: str) -> None:
         wq.reopen()
 
 
+AHEAD_KERNEL = r"""
+#include "svmkit_workqueue.h"
+/* A consumer that claims its position ahead (a fetch-add of head, then a wait on that slot):
+ * head runs past tail while it waits, by one position per waiting work-item. */
+__kernel void ahead(__global svmkit_wq *q, __global long *out, __global atomic_int *n)
+{
+    for (;;) {
+        ulong pos = atomic_fetch_add_explicit(&q->head, (ulong)1, memory_order_relaxed,
+                                              SVMKIT_SCOPE);
+        __global atomic_ulong *seq = svmkit_wq_seq(q, pos);
+        for (;;) {
+            if (svmkit_load_acquire(seq) == pos + 1) {
+                long v = *svmkit_wq_item(q, pos);
+                svmkit_store_release(seq, pos + q->mask + 1);
+                out[atomic_fetch_add_explicit(n, 1, memory_order_relaxed, SVMKIT_SCOPE)] = v;
+                break;
+            }
+            if (svmkit_load_acquire(&q->closed)) {
+                ulong tail = svmkit_load_acquire(&q->tail);
+                if ((tail & SVMKIT_WQ_CLOSED) && (long)(pos - (tail & ~SVMKIT_WQ_CLOSED)) >= 0)
+                    return;
+            }
+        }
+    }
+}
+"""
+
+
 def test_reopen_after_consumers_claimed_ahead(ctx: cl.Context, backend: str) -> None:
-    """Device consumers blocked in wq_pop when the queue closes (positions claimed past
-    tail): after reopen() the next round still delivers exactly once."""
+    """Device consumers that claim positions ahead of tail (head past tail while they wait):
+    host pushes still fill the ring, and after reopen() the next round still delivers
+    exactly once."""
     wq = sk.WorkQueue(ctx, 4, backend=backend)
     queue = cl.CommandQueue(ctx)
+    prg = sk.build_program(ctx, AHEAD_KERNEL)
     for round_ in range(6):
         out = fine_zeros(ctx, 64, np.int64)
         count = fine_zeros(ctx, 1, np.int32)
-        events = _launch_consumers(ctx, [queue], wq, out, count, 0)
+        gs, ls = sk.persistent_grid(queue)
+        events = [sk.launch(queue, cl.Kernel(prg, "ahead"), gs, ls, wq, out, count)]
+        queue.flush()
         n = 3 + 7 * round_
         wq.push_many(np.arange(n))
         time.sleep(0.005)  # consumers idle in wq_pop on an empty ring
