@@ -309,6 +309,29 @@ inline int svmkit_wq_claim_free(__global svmkit_wq *q, int max, ulong *first)
     }
 }
 
+/* Before a blocking batch claim: when producers reserved more positions at head than are
+ * published yet (a host push_many fills its run slot by slot), wait, a bounded number of
+ * looks, until the last of them (at most `max` on) is published, so the claim takes the
+ * whole run instead of trailing the producer's write front slot by slot (each look at that
+ * front takes the line the producer writes next).  Never waits for an item nobody claimed
+ * to write: only positions below tail, whose producers are filling them. */
+#ifndef SVMKIT_GATHER_LOOKS
+#define SVMKIT_GATHER_LOOKS 4096
+#endif
+inline void svmkit_wq_gather(__global svmkit_wq *q, int max)
+{
+    ulong head = svmkit_load_relaxed(&q->head);
+    long reserved = (long)((svmkit_load_acquire(&q->tail) & ~SVMKIT_WQ_CLOSED) - head);
+    if (reserved <= 1 || max <= 1)
+        return;
+    ulong last = head + (ulong)(reserved < max ? reserved : max) - 1;
+    __global atomic_ulong *seq = svmkit_wq_seq(q, last);
+    for (int i = 0; i < SVMKIT_GATHER_LOOKS; i++) {
+        if (svmkit_load_acquire(seq) == last + 1 || svmkit_load_relaxed(&q->head) != head)
+            return; /* the run is published, or another consumer claimed from it */
+    }
+}
+
 /* Batch operations for one address space of the caller's items (`AS` empty: the default,
  * private or generic).  PoCL 3.0 has no generic address space, so __local buffers get their
  * own functions (wq_*_batch) instead of a generic pointer.
@@ -332,6 +355,7 @@ inline int svmkit_wq_claim_free(__global svmkit_wq *q, int max, ulong *first)
     inline int POP(__global svmkit_wq *q, AS WQ_ITEM *items, int max)                       \
     {                                                                                       \
         for (;;) {                                                                          \
+            svmkit_wq_gather(q, max);                                                       \
             int k = TRY_POP(q, items, max);                                                 \
             if (k)                                                                          \
                 return k;                                                                   \
