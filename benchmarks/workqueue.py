@@ -13,6 +13,12 @@ Rows (medians of ``--repeat`` runs, all measured in this one run):
   single light items, queue against one launch per batch / per item;
 * a sweep of work per item (about 1 µs to 1 ms of spinning, regular and irregular): the
   work-group queue consumer against one launch per batch of 16, showing where each wins;
+* the producer: ``push_many`` into a 1,024-slot ring a kernel drains against the same items
+  into an idle ring (the wait spins while the device moves, so the first runs at the
+  device's pace);
+* the task queue of ``svmkit demo tasks`` (task records, claims of 64, a 1,024-slot ring,
+  3,200 and 32,000 tasks, a quarter heavy or all light) against one launch per batch with a
+  copy in and out per batch and without copies;
 * the launch-per-batch baseline: copy the batch into coarse-grain SVM, launch over it, copy
   the results out (``svmkit.workqueue.batched``), sync and pipelined 4 and 8 deep, and raw
   PyOpenCL's copy + launch + copy on ``cl.Buffer`` for the same batch.
@@ -373,6 +379,111 @@ def raw_pyopencl(
     return nb * batch / (time.perf_counter() - start), float(np.median(lat))
 
 
+DRAIN_GROUP = r"""
+#include "svmkit_workqueue.h"
+__kernel void drain_group(__global svmkit_wq *q, __global long *sums)
+{
+    __local WQ_ITEM in[64];
+    __local int scratch;
+    long s = 0;
+    int k;
+    while ((k = wq_group_pop(q, in, 64, &scratch)) > 0)
+        for (int i = get_local_id(0); i < k; i += get_local_size(0))
+            s += in[i];
+    sums[get_global_id(0)] = s;
+}
+"""
+
+
+def producer_rows(
+    ctx: cl.Context, queue: cl.CommandQueue, repeat: int, scale: float
+) -> list[tuple[str, str, str, str]]:
+    """push_many of batches of 320 into a 1,024-slot ring a kernel drains (work-group
+    claims of 64), against the same items into an idle ring that holds them all: what the
+    producer's waits for the device cost (its wait spins while the device moves)."""
+    prg = sk.build_program(ctx, DRAIN_GROUP)
+    n = max(3200, int(320_000 * scale) // 320 * 320)
+    items = np.arange(n, dtype=np.int64)
+    gs, ls = sk.persistent_grid(queue, host_threads=1, local_size=64)
+    drained, idle = [], []
+    for r in range(max(3, repeat)):
+        progress(f"producer: push_many into a drained and an idle ring, run {r + 1}")
+        wq = sk.WorkQueue(ctx, 1024)
+        sums = sk.zeros(ctx, gs[0], np.int64, policy=sk.Policy.fine())
+        event = sk.launch(queue, cl.Kernel(prg, "drain_group"), gs, ls, wq, sums)
+        queue.flush()
+        start = time.perf_counter()
+        for lo in range(0, n, 320):
+            wq.push_many(items[lo : lo + 320])
+        drained.append(time.perf_counter() - start)
+        wq.close()
+        wait_done(event)
+        assert int(sums.host.sum()) == int(items.sum())
+        big = sk.WorkQueue(ctx, 1 << max(10, (n - 1).bit_length()))
+        start = time.perf_counter()
+        for lo in range(0, n, 320):
+            big.push_many(items[lo : lo + 320])
+        idle.append(time.perf_counter() - start)
+        assert len(big) == n
+    d, i = statistics.median(drained), statistics.median(idle)
+    return [
+        (
+            f"producer: push_many of {n:,} items (batches of 320) into a 1,024-slot ring a "
+            "kernel drains / into an idle ring",
+            f"{1e3 * d:.2f} / {1e3 * i:.2f} ms ({fmt_rate(n / d)} / {fmt_rate(n / i)})",
+            "(the device's pace)",
+            "",
+        )
+    ]
+
+
+TASK_GOALS = {  # (tasks, workload): (queue vs launches+copies, queue vs launches no copies)
+    (3200, "mixed"): (1.5, None),
+    (3200, "light"): (1.5, None),
+    (32000, "mixed"): (2.0, 1.3),
+    (32000, "light"): (2.0, 1.3),
+}
+
+
+def task_rows(
+    ctx: cl.Context, queue: cl.CommandQueue, rounds: int, quick: bool
+) -> list[tuple[str, str, str, str]]:
+    """``svmkit demo tasks``'s workload (svmkit.cli.demo_tasks): the queue against one
+    launch per batch with and without copies, every element checked, interleaved rounds."""
+    from svmkit.cli import demo_tasks
+
+    counts = (3200, 32000)
+    bench = demo_tasks.TaskBench(ctx, queue, max(counts))
+    medians, ok = demo_tasks.measure(bench, counts, rounds, seed=0, err=sys.stderr)
+    if not ok:
+        raise SystemExit("task queue: a result differs from NumPy's")
+    rows = []
+    for (n, name), m in medians.items():
+        label = f"{n:,} {'light' if name == 'light' else 'mixed (a quarter heavy)'} tasks"
+        q = m["queue"]
+        copies, plain = TASK_GOALS[(n, name)]
+        rows.append(
+            (
+                f"tasks: {label}, queue (claims of 64, 1,024-slot ring)",
+                f"{1e3 * q:.2f} ms",
+                "",
+                "",
+            )
+        )
+        for variant, goal in (("launches+copies", copies), ("launches", plain)):
+            what = "with a copy in and out" if variant == "launches+copies" else "no copies"
+            ratio = m[variant] / q
+            rows.append(
+                (
+                    f"tasks: {label}, launch per batch {what} / queue",
+                    f"{1e3 * m[variant]:.2f} ms, {ratio:.2f}x",
+                    f">= {goal}x" if goal else "",
+                    ("met" if ratio >= goal else "MISSED") if goal else "",
+                )
+            )
+    return rows
+
+
 def machine_notes(ctx: cl.Context) -> list[str]:
     from svmkit.workqueue import ring
 
@@ -390,12 +501,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--write", action="store_true", help="rewrite this script's section of RESULTS.md"
     )
+    ap.add_argument(
+        "--tasks-only",
+        action="store_true",
+        help="only the producer and task-queue rows (not with --write)",
+    )
     args = ap.parse_args(argv)
     repeat = args.repeat or (1 if args.quick else 3)
     scale = 0.1 if args.quick else 1.0
+    if args.tasks_only and args.write:
+        ap.error("--write rewrites the whole table: run it without --tasks-only")
 
     ctx = sk.create_context()
     queue = cl.CommandQueue(ctx)
+    if args.tasks_only:
+        rows = producer_rows(ctx, queue, repeat, scale)
+        rows += task_rows(ctx, queue, rounds=3 if args.quick else 7, quick=args.quick)
+        sys.stdout.write(render(rows, machine_notes(ctx), args.quick))
+        return 0
     caps = sk.capabilities(ctx)
     fine = caps.fine_grain_buffer and caps.atomics
     pocl = "Portable Computing Language" in ctx.devices[0].platform.name
@@ -641,6 +764,10 @@ def main(argv: list[str] | None = None) -> int:
                     verdict(ratio >= TARGET_SPEEDUP),
                 )
             )
+
+    if fine:
+        rows += producer_rows(ctx, queue, repeat, scale)
+        rows += task_rows(ctx, queue, rounds=3 if args.quick else 7, quick=args.quick)
 
     notes = machine_notes(ctx) + notes
     table = render(rows, notes, args.quick)

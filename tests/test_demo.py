@@ -125,3 +125,55 @@ def test_driver_error_is_one_line_and_1(
     monkeypatch.setattr(demo, "run", failing)
     assert demo.main([]) == 1
     assert capsys.readouterr().err.strip() == "svmkit demo workqueue: error: no SVM device"
+
+
+# --- svmkit demo tasks ----------------------------------------------------------------------
+
+
+@pytest.mark.needs("fine", "atomics")
+def test_tasks_demo_verifies_and_reports_json(capsys: pytest.CaptureFixture[str]) -> None:
+    from svmkit.cli import demo_tasks
+
+    assert demo_tasks.main(["--counts", "700,960", "--rounds", "1", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "every element of every run matches NumPy" in captured.err
+    summary = _summary(captured.out)
+    assert summary["verified"] is True
+    ms = summary["ms"]
+    assert isinstance(ms, dict) and set(ms) == {"700 mixed", "700 light", "960 mixed", "960 light"}
+    for per in ms.values():
+        assert set(per) == {"queue", "launches+copies", "launches"}
+        assert all(isinstance(v, float) and v > 0 for v in per.values())
+    assert "| 700 (" in captured.err and "| 960 light |" in captured.err
+
+
+@pytest.mark.needs("fine", "atomics")
+def test_tasks_demo_reference_and_mismatch(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The NumPy reference is the kernel's arithmetic, and a wrong element fails the run."""
+    from svmkit.cli import demo_tasks
+
+    tasks = demo_tasks.make_tasks(4, 0.0, 0)
+    tasks["op"][1] = 1
+    ref = demo_tasks.reference(tasks).reshape(4, 64)
+    start = demo_tasks.initial_data(4).reshape(4, 64).astype(np.uint64)
+    light = (start[0] * 1664525 + 1013904223) % 2**32
+    np.testing.assert_array_equal(ref[0], light)
+    heavy = start[1]
+    for p in range(demo_tasks.HEAVY_PASSES):
+        heavy = (heavy * 1664525 + 1013904223 + p) % 2**32
+    np.testing.assert_array_equal(ref[1], heavy)
+    real = demo_tasks.reference
+    monkeypatch.setattr(demo_tasks, "reference", lambda t: real(t) + np.uint32(1))
+    assert demo_tasks.main(["--counts", "320", "--rounds", "1"]) == 1
+    assert "wrong elements" in capsys.readouterr().err
+
+
+def test_tasks_demo_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
+    from svmkit.cli import demo_tasks
+
+    assert demo_tasks.main(["--counts", "0"]) == 2
+    assert "must be >= 1" in capsys.readouterr().err
+    assert demo_tasks.main(["--rounds", "x"]) == 2
+    assert "argument --rounds" in capsys.readouterr().err

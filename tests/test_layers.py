@@ -69,6 +69,8 @@ DRIVER_METHODS = {
     "set_args",
     "set_status",
 }
+# Standard-library modules whose methods share a name with a driver method (``re.compile``).
+NOT_DRIVER_OBJECTS = {"re", "ast", "builtins"}
 # ``.wait()`` with no argument is ``clWaitForEvents`` (threading's waits take a timeout or
 # are not called so); ``.flush()`` on a queue is ``clFlush`` (a stream's is not).
 DRIVER_PROPERTIES = {"command_execution_status"}
@@ -203,6 +205,8 @@ def _driver_call(node: ast.AST, cl_names: set[str], driver_names: set[str]) -> s
     if not isinstance(func, ast.Attribute) or _root(func) in driver_names:
         return None
     receiver = ast.unparse(func.value)
+    if receiver in NOT_DRIVER_OBJECTS:
+        return None
     if func.attr in DRIVER_METHODS:
         return text
     if func.attr == "wait" and not node.args and not node.keywords:
@@ -458,6 +462,7 @@ def test_checker_finds_driver_calls_inside_functions():
 def test_checker_allows_what_is_not_a_driver_call():
     source = """
         from __future__ import annotations
+        import re
         import threading
         import pyopencl as cl
 
@@ -478,6 +483,7 @@ def test_checker_allows_what_is_not_a_driver_call():
                 pass
             stream.flush()
             done.wait(0.1)
+            pattern = re.compile("x")
             flags = int(cl.map_flags.READ | cl.map_flags.WRITE)
             return flags & int(cl.command_execution_status.COMPLETE)
     """

@@ -25,12 +25,14 @@ __all__ = ["DEMOS", "EXIT_INTERRUPTED", "CommandError", "build_parser", "main"]
 #: Demos of ``svmkit demo NAME``: each module has ``main(argv) -> int``, imported on use.
 DEMOS: dict[str, str] = {
     "workqueue": "svmkit.cli.demo_workqueue",
+    "tasks": "svmkit.cli.demo_tasks",
     "dask": "svmkit.dask.demo",
 }
 
 #: What each demo shows (``svmkit demo`` alone lists them).
 DEMO_SUMMARIES: dict[str, str] = {
     "workqueue": "host threads feed a running kernel through a work queue",
+    "tasks": "a task queue of records against one launch per batch",
     "dask": "a kernel and a reduction over a chunked array on a local Dask cluster",
 }
 
@@ -53,6 +55,7 @@ OpenCL Shared Virtual Memory made practical.
   svmkit info               what SVM every OpenCL platform and device offers
   svmkit demo workqueue     host threads feed a running kernel through a work queue
   svmkit demo dask          a kernel and a reduction on a local Dask cluster
+  svmkit demo tasks         a task queue of records against one launch per batch
   svmkit demo / bench       list the demos / the benchmarks
   svmkit bench NAME         run benchmarks/NAME.py of a source checkout
 

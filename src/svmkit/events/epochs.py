@@ -184,7 +184,7 @@ class QueueEpochs:
         try:
             return calls.enqueue_marker(self.queue)
         except SVMError:
-            self.queue.finish()  # raises if the queue is lost: then nothing goes back
+            calls.finish(self.queue)  # raises if the queue is lost: then nothing goes back
             return None
 
     def reap(self) -> None:

@@ -17,12 +17,14 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <sched.h>
 
 #if !defined(SVMKIT_WQ_HEAD_OFFSET) || !defined(SVMKIT_WQ_TAIL_OFFSET) ||                \
     !defined(SVMKIT_WQ_CLOSED_OFFSET) || !defined(SVMKIT_WQ_HEADER_BYTES) ||              \
-    !defined(SVMKIT_WQ_SLOT_BYTES) || !defined(SVMKIT_WQ_ITEM_OFFSET) ||                  \
+    !defined(SVMKIT_WQ_SLOT_BYTES_OFFSET) || !defined(SVMKIT_WQ_ITEM_OFFSET) ||           \
     !defined(SVMKIT_WQ_CLOSED_BIT) || !defined(SVMKIT_WQ_PARAMS_OFFSET) ||                \
-    !defined(SVMKIT_WQ_MAGIC)
+    !defined(SVMKIT_WQ_MAGIC) || !defined(SVMKIT_WQ_MAX_ITEM_BYTES) ||                    \
+    !defined(SVMKIT_WQ_ITEM_SIZE_OFFSET) || !defined(SVMKIT_WQ_MAGIC_OFFSET)
 #error "build through setup.py: the ring layout comes from svmkit/workqueue/layout.py"
 #endif
 #define CLOSED_BIT SVMKIT_WQ_CLOSED_BIT
@@ -31,27 +33,37 @@
 #define CLOSED_OFF SVMKIT_WQ_CLOSED_OFFSET
 #define HEADER_BYTES SVMKIT_WQ_HEADER_BYTES
 
+#define ITEM_OFF SVMKIT_WQ_ITEM_OFFSET
+#define MAX_ITEM SVMKIT_WQ_MAX_ITEM_BYTES
+
+/* A slot: seq (uint64) at +0, the item at ITEM_OFF; slots are `stride` bytes apart, the
+ * stride read from the ring's header (slot_bytes), as the Python ring and the device do. */
 typedef struct {
     uint64_t seq;
-    unsigned char item[8];
 } slot_t;
-
-/* The slot struct must be the layout's slot: seq at +0, the item at ITEM_OFFSET. */
-typedef char slot_matches_layout[(sizeof(slot_t) == SVMKIT_WQ_SLOT_BYTES &&
-                                  offsetof(slot_t, item) == SVMKIT_WQ_ITEM_OFFSET)
-                                     ? 1
-                                     : -1];
 
 typedef struct {
     PyObject_HEAD
     uint64_t *head;
     uint64_t *tail;
     uint32_t *closed;
-    slot_t *slots;
+    unsigned char *slots;
     uint64_t mask;
+    uint64_t stride;
     Py_ssize_t itemsize;
-    char kind; /* 'i' signed, 'u' unsigned, 'f' float, 'r' raw bits (Python converts) */
+    char kind; /* 'i' signed, 'u' unsigned, 'f' float, 'r' raw bits (Python converts),
+                  'b' a record of itemsize bytes (bytes in, bytes out) */
 } Ring;
+
+static inline slot_t *slot_at(const Ring *r, uint64_t pos)
+{
+    return (slot_t *)(r->slots + (pos & r->mask) * r->stride);
+}
+
+static inline unsigned char *item_of(slot_t *s)
+{
+    return (unsigned char *)s + ITEM_OFF;
+}
 
 static inline void cpu_relax(void)
 {
@@ -73,6 +85,20 @@ static inline uint64_t now_ns(void)
 
 static int to_bits(Ring *r, PyObject *obj, unsigned char *out)
 {
+    if (r->kind == 'b') {
+        Py_buffer view;
+        if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0)
+            return -1;
+        int ok = view.len == r->itemsize;
+        if (ok)
+            memcpy(out, view.buf, (size_t)r->itemsize);
+        PyBuffer_Release(&view);
+        if (!ok) {
+            PyErr_Format(PyExc_ValueError, "a record item must be %zd bytes", r->itemsize);
+            return -1;
+        }
+        return 0;
+    }
     if (r->kind == 'f') {
         double d = PyFloat_AsDouble(obj);
         if (d == -1.0 && PyErr_Occurred())
@@ -137,6 +163,8 @@ static int to_bits(Ring *r, PyObject *obj, unsigned char *out)
 static PyObject *from_bits(Ring *r, const unsigned char *in)
 {
     switch (r->kind) {
+    case 'b':
+        return PyBytes_FromStringAndSize((const char *)in, r->itemsize);
     case 'f':
         if (r->itemsize == 8) {
             double d;
@@ -177,12 +205,12 @@ static int ring_try_push(Ring *r, const unsigned char *bits)
     for (;;) {
         if (pos & CLOSED_BIT)
             return -1;
-        slot_t *s = &r->slots[pos & r->mask];
+        slot_t *s = slot_at(r, pos);
         int64_t dif = (int64_t)(__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) - pos);
         if (dif == 0) {
             if (__atomic_compare_exchange_n(r->tail, &pos, pos + 1, 1, __ATOMIC_RELAXED,
                                             __ATOMIC_RELAXED)) {
-                memcpy(s->item, bits, (size_t)r->itemsize);
+                memcpy(item_of(s), bits, (size_t)r->itemsize);
                 __atomic_store_n(&s->seq, pos + 1, __ATOMIC_RELEASE);
                 return 1;
             }
@@ -199,12 +227,12 @@ static int ring_try_pop(Ring *r, unsigned char *bits)
 {
     uint64_t pos = __atomic_load_n(r->head, __ATOMIC_RELAXED);
     for (;;) {
-        slot_t *s = &r->slots[pos & r->mask];
+        slot_t *s = slot_at(r, pos);
         int64_t dif = (int64_t)(__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) - (pos + 1));
         if (dif == 0) {
             if (__atomic_compare_exchange_n(r->head, &pos, pos + 1, 1, __ATOMIC_RELAXED,
                                             __ATOMIC_RELAXED)) {
-                memcpy(bits, s->item, (size_t)r->itemsize);
+                memcpy(bits, item_of(s), (size_t)r->itemsize);
                 __atomic_store_n(&s->seq, pos + r->mask + 1, __ATOMIC_RELEASE);
                 return 1;
             }
@@ -227,10 +255,9 @@ static Py_ssize_t ring_reserve_push(Ring *r, Py_ssize_t n, uint64_t *start)
             return -1;
         uint64_t head = __atomic_load_n(r->head, __ATOMIC_ACQUIRE);
         int64_t used = (int64_t)(pos - head);
-        if (used < 0) { /* our tail is older than head */
-            pos = __atomic_load_n(r->tail, __ATOMIC_RELAXED);
-            continue;
-        }
+        if (used < 0) /* device consumers claimed ahead (wq_pop): every slot from tail on is
+                         free, or being freed by last lap's consumer (ring_fill waits) */
+            used = 0;
         if ((uint64_t)used >= cap)
             return 0;
         uint64_t k = cap - (uint64_t)used;
@@ -251,10 +278,10 @@ static void ring_fill(Ring *r, uint64_t start, Py_ssize_t k, const unsigned char
     size_t isz = (size_t)r->itemsize;
     for (Py_ssize_t i = 0; i < k; i++) {
         uint64_t pos = start + (uint64_t)i;
-        slot_t *s = &r->slots[pos & r->mask];
+        slot_t *s = slot_at(r, pos);
         while (__atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != pos)
             cpu_relax();
-        memcpy(s->item, src + (size_t)i * isz, isz);
+        memcpy(item_of(s), src + (size_t)i * isz, isz);
         __atomic_store_n(&s->seq, pos + 1, __ATOMIC_RELEASE);
     }
 }
@@ -267,13 +294,13 @@ static Py_ssize_t ring_reserve_pop(Ring *r, Py_ssize_t n, uint64_t *start)
         Py_ssize_t k = 0;
         while (k < n) {
             uint64_t p = pos + (uint64_t)k;
-            uint64_t seq = __atomic_load_n(&r->slots[p & r->mask].seq, __ATOMIC_ACQUIRE);
+            uint64_t seq = __atomic_load_n(&slot_at(r, p)->seq, __ATOMIC_ACQUIRE);
             if (seq != p + 1)
                 break;
             k++;
         }
         if (k == 0) {
-            uint64_t seq = __atomic_load_n(&r->slots[pos & r->mask].seq, __ATOMIC_ACQUIRE);
+            uint64_t seq = __atomic_load_n(&slot_at(r, pos)->seq, __ATOMIC_ACQUIRE);
             if ((int64_t)(seq - (pos + 1)) > 0) { /* head moved on */
                 pos = __atomic_load_n(r->head, __ATOMIC_RELAXED);
                 continue;
@@ -294,8 +321,8 @@ static void ring_drain_into(Ring *r, uint64_t start, Py_ssize_t k, unsigned char
     uint64_t cap = r->mask + 1;
     for (Py_ssize_t i = 0; i < k; i++) {
         uint64_t pos = start + (uint64_t)i;
-        slot_t *s = &r->slots[pos & r->mask];
-        memcpy(dst + (size_t)i * isz, s->item, isz);
+        slot_t *s = slot_at(r, pos);
+        memcpy(dst + (size_t)i * isz, item_of(s), isz);
         __atomic_store_n(&s->seq, pos + cap, __ATOMIC_RELEASE);
     }
 }
@@ -320,17 +347,35 @@ static int Ring_init(Ring *self, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKnC", kwlist, &address, &capacity,
                                      &itemsize, &kind))
         return -1;
-    if (capacity < 2 || (capacity & (capacity - 1)) || itemsize < 1 || itemsize > 8 ||
-        (kind != 'i' && kind != 'u' && kind != 'f' && kind != 'r') ||
+    if (capacity < 2 || (capacity & (capacity - 1)) || itemsize < 1 ||
+        itemsize > (kind == 'b' ? MAX_ITEM : 8) ||
+        (kind != 'i' && kind != 'u' && kind != 'f' && kind != 'r' && kind != 'b') ||
         (kind == 'f' && itemsize != 4 && itemsize != 8)) {
         PyErr_SetString(PyExc_ValueError, "bad ring parameters");
         return -1;
     }
     char *base = (char *)(uintptr_t)address;
+    /* The header the host wrote decides the stride; it must describe this ring. */
+    uint64_t hdr_capacity;
+    uint32_t hdr_itemsize, hdr_magic, hdr_stride;
+    memcpy(&hdr_capacity, base + SVMKIT_WQ_PARAMS_OFFSET + 8, 8);
+    memcpy(&hdr_itemsize, base + SVMKIT_WQ_ITEM_SIZE_OFFSET, 4);
+    memcpy(&hdr_magic, base + SVMKIT_WQ_MAGIC_OFFSET, 4);
+    memcpy(&hdr_stride, base + SVMKIT_WQ_SLOT_BYTES_OFFSET, 4);
+    if (hdr_magic != SVMKIT_WQ_MAGIC || hdr_capacity != capacity ||
+        hdr_itemsize != (uint32_t)itemsize || hdr_stride % 8 ||
+        hdr_stride < ITEM_OFF + (uint64_t)itemsize) {
+        PyErr_Format(PyExc_ValueError,
+                     "the ring header does not describe this ring (magic %#x, capacity %llu, "
+                     "item size %u, slot bytes %u)",
+                     hdr_magic, (unsigned long long)hdr_capacity, hdr_itemsize, hdr_stride);
+        return -1;
+    }
     self->head = (uint64_t *)(base + HEAD_OFF);
     self->tail = (uint64_t *)(base + TAIL_OFF);
     self->closed = (uint32_t *)(base + CLOSED_OFF);
-    self->slots = (slot_t *)(base + HEADER_BYTES);
+    self->slots = (unsigned char *)(base + HEADER_BYTES);
+    self->stride = hdr_stride;
     self->mask = capacity - 1;
     self->itemsize = itemsize;
     self->kind = (char)kind;
@@ -339,7 +384,7 @@ static int Ring_init(Ring *self, PyObject *args, PyObject *kwds)
 
 static PyObject *Ring_try_push(Ring *self, PyObject *item)
 {
-    unsigned char bits[8] = {0};
+    unsigned char bits[MAX_ITEM] = {0};
     if (to_bits(self, item, bits) < 0)
         return NULL;
     return PyLong_FromLong(ring_try_push(self, bits));
@@ -347,7 +392,7 @@ static PyObject *Ring_try_push(Ring *self, PyObject *item)
 
 static PyObject *Ring_try_pop(Ring *self, PyObject *Py_UNUSED(ignored))
 {
-    unsigned char bits[8];
+    unsigned char bits[MAX_ITEM];
     if (!ring_try_pop(self, bits))
         Py_RETURN_NONE;
     return from_bits(self, bits);
@@ -432,6 +477,28 @@ static PyObject *Ring_close(Ring *self, PyObject *Py_UNUSED(ignored))
     return PyBool_FromLong(!(old & CLOSED_BIT));
 }
 
+/* reopen() -> 1 reopened, 0 it was open, -1 not drained.  Positions consumers claimed
+ * ahead of tail (a wq_pop waiting when the queue closed) are marked consumed (seq = pos +
+ * capacity) and tail moves up to head, so the next lap finds every slot free.  The caller
+ * makes sure nothing else uses the ring meanwhile. */
+static PyObject *Ring_reopen(Ring *self, PyObject *Py_UNUSED(ignored))
+{
+    uint64_t old = __atomic_load_n(self->tail, __ATOMIC_ACQUIRE);
+    if (!(old & CLOSED_BIT))
+        return PyLong_FromLong(0);
+    uint64_t pos = old & ~CLOSED_BIT;
+    uint64_t head = __atomic_load_n(self->head, __ATOMIC_ACQUIRE);
+    if ((int64_t)(head - pos) < 0)
+        return PyLong_FromLong(-1);
+    for (uint64_t p = pos; p != head; p++)
+        __atomic_store_n(&slot_at(self, p)->seq, p + self->mask + 1, __ATOMIC_RELEASE);
+    if (!__atomic_compare_exchange_n(self->tail, &old, head, 0, __ATOMIC_SEQ_CST,
+                                     __ATOMIC_SEQ_CST))
+        return PyLong_FromLong(0);
+    __atomic_store_n(self->closed, 0u, __ATOMIC_RELEASE);
+    return PyLong_FromLong(1);
+}
+
 static PyObject *Ring_closed(Ring *self, PyObject *Py_UNUSED(ignored))
 {
     return PyBool_FromLong((__atomic_load_n(self->tail, __ATOMIC_ACQUIRE) & CLOSED_BIT) != 0);
@@ -457,39 +524,61 @@ static PyObject *Ring_length(Ring *self, PyObject *Py_UNUSED(ignored))
 /* Whether the slot of position `pos` is ready: published (for_pop) or free (for push). */
 static inline int slot_ready(Ring *self, int for_pop, uint64_t pos)
 {
-    uint64_t seq = __atomic_load_n(&self->slots[pos & self->mask].seq, __ATOMIC_ACQUIRE);
+    uint64_t seq = __atomic_load_n(&slot_at(self, pos)->seq, __ATOMIC_ACQUIRE);
     return (int64_t)(seq - (pos + (for_pop ? 1 : 0))) >= 0;
 }
 
 /* Once the first slot is ready, how long wait() keeps gathering for `want` ready slots. */
 #define GATHER_NS 2000u
+/* The longest one wait() holds the thread in C (signals and timeouts are seen between). */
+#define WAIT_CAP_NS 5000000u
+/* With WAIT_YIELD, how long nothing may move before the spin yields the core (each look). */
+#define YIELD_AFTER_NS 5000u
+/* wait() flags: WAIT_ONE_SPINNER: a CPU device, whose work-items run on the host's cores, so
+ * at most one host thread spins at a time (others return at once and back off to sleeping:
+ * host threads spinning on every core starve the kernel they wait for); WAIT_YIELD: also
+ * yield the core once nothing moved for YIELD_AFTER_NS (single-item waits: latency). */
+#define WAIT_ONE_SPINNER 1
+#define WAIT_YIELD 2
+static int spinners; /* host threads spinning in a WAIT_ONE_SPINNER wait */
 
-/* wait(for_pop, max_ns, want=1): spin without the GIL until the slot at head (for_pop) or
- * tail is ready, the queue closes, or max_ns passed.  With want > 1, once that slot is ready
- * it keeps spinning up to GATHER_NS for the slot want - 1 further on, so that a batch call
- * claims a run instead of trailing the agent on the other side slot by slot (each slot line
- * would bounce between them).  True when it ended because the ring was ready (or closed),
- * False when max_ns passed; callers retry either way. */
+/* wait(for_pop, idle_ns, want=1, flags=0): spin without the GIL until the slot at head
+ * (for_pop) or tail is ready, or the queue closes; True then.  While the other side moves
+ * (tail for a pop, head for a push: it publishes or frees slots) the wait goes on, however
+ * long: a ring being drained is waited for by spinning, never by sleeping.  False once the
+ * other side did not move for idle_ns (the caller backs off to sleeping).  With want > 1,
+ * once the slot is ready it keeps spinning up to GATHER_NS for the slot want - 1 further on,
+ * so that a batch call claims a run instead of trailing the other side slot by slot.  At
+ * most WAIT_CAP_NS in one call (then True: the caller retries).  `flags`: WAIT_ONE_SPINNER
+ * and WAIT_YIELD above; a WAIT_ONE_SPINNER wait that finds another thread spinning returns
+ * False at once.  While the other side moves the spin never yields (yielding on every look
+ * made a drained producer several times slower). */
 static PyObject *Ring_wait(Ring *self, PyObject *args)
 {
-    int for_pop;
-    unsigned long long max_ns;
+    int for_pop, flags = 0;
+    unsigned long long idle_ns;
     Py_ssize_t want = 1;
-    if (!PyArg_ParseTuple(args, "pK|n", &for_pop, &max_ns, &want))
+    if (!PyArg_ParseTuple(args, "pK|ni", &for_pop, &idle_ns, &want, &flags))
         return NULL;
     if (want < 1)
         want = 1;
     if ((uint64_t)want > self->mask + 1)
         want = (Py_ssize_t)(self->mask + 1);
+    if ((flags & WAIT_ONE_SPINNER) && __atomic_fetch_add(&spinners, 1, __ATOMIC_ACQ_REL) > 0) {
+        __atomic_fetch_sub(&spinners, 1, __ATOMIC_ACQ_REL);
+        Py_RETURN_FALSE; /* another thread spins: this one backs off to sleeping */
+    }
     int ready = 1;
     Py_BEGIN_ALLOW_THREADS
+    uint64_t *counter = for_pop ? self->head : self->tail;
+    uint64_t *other = for_pop ? self->tail : self->head;
     uint64_t start = now_ns();
-    uint64_t deadline = start + max_ns;
+    uint64_t moved_at = start;
+    uint64_t seen = __atomic_load_n(other, __ATOMIC_RELAXED);
     uint64_t first_ready = 0;
     for (unsigned spins = 1;; spins++) {
         if (__atomic_load_n(self->closed, __ATOMIC_ACQUIRE))
             break;
-        uint64_t *counter = for_pop ? self->head : self->tail;
         uint64_t pos = __atomic_load_n(counter, __ATOMIC_RELAXED) & ~CLOSED_BIT;
         if (slot_ready(self, for_pop, pos)) {
             if (want == 1 || slot_ready(self, for_pop, pos + (uint64_t)want - 1))
@@ -500,12 +589,25 @@ static PyObject *Ring_wait(Ring *self, PyObject *args)
                 break;
         }
         cpu_relax();
-        if ((spins & 63) == 0 && now_ns() >= deadline) {
-            ready = 0;
-            break;
+        if ((spins & 63) == 0) {
+            uint64_t t = now_ns();
+            uint64_t o = __atomic_load_n(other, __ATOMIC_RELAXED);
+            if (o != seen) {
+                seen = o;
+                moved_at = t;
+            } else if (t - moved_at >= idle_ns) {
+                ready = 0;
+                break;
+            }
+            if (t - start >= WAIT_CAP_NS)
+                break;
+            if ((flags & WAIT_YIELD) && t - moved_at >= YIELD_AFTER_NS)
+                sched_yield();
         }
     }
     Py_END_ALLOW_THREADS
+    if (flags & WAIT_ONE_SPINNER)
+        __atomic_fetch_sub(&spinners, 1, __ATOMIC_ACQ_REL);
     return PyBool_FromLong(ready);
 }
 
@@ -517,10 +619,12 @@ static PyMethodDef Ring_methods[] = {
     {"try_pop_many", (PyCFunction)Ring_try_pop_many, METH_VARARGS,
      "pop into buffer[start:] with one reservation: count popped"},
     {"close", (PyCFunction)Ring_close, METH_NOARGS, "set the closed bit; True if it was open"},
+    {"reopen", (PyCFunction)Ring_reopen, METH_NOARGS,
+     "clear the closed bit of a drained ring: 1 reopened, 0 open, -1 not drained"},
     {"closed", (PyCFunction)Ring_closed, METH_NOARGS, "whether the closed bit is set"},
     {"drained", (PyCFunction)Ring_drained, METH_NOARGS, "closed and every item popped"},
     {"length", (PyCFunction)Ring_length, METH_NOARGS, "items claimed but not yet popped"},
-    {"wait", (PyCFunction)Ring_wait, METH_VARARGS, "spin without the GIL until the ring is ready (want: a run)"},
+    {"wait", (PyCFunction)Ring_wait, METH_VARARGS, "spin without the GIL while the other side moves, until the ring is ready; False: idle"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -554,13 +658,16 @@ PyMODINIT_FUNC PyInit__cring(void)
         return NULL;
     }
     PyObject *layout = Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsK}", "HEAD_OFFSET", (unsigned long long)SVMKIT_WQ_HEAD_OFFSET,
+        "{sKsKsKsKsKsKsKsKsKsKsKsK}", "HEAD_OFFSET", (unsigned long long)SVMKIT_WQ_HEAD_OFFSET,
         "TAIL_OFFSET", (unsigned long long)SVMKIT_WQ_TAIL_OFFSET, "CLOSED_OFFSET",
         (unsigned long long)SVMKIT_WQ_CLOSED_OFFSET, "PARAMS_OFFSET",
-        (unsigned long long)SVMKIT_WQ_PARAMS_OFFSET, "HEADER_BYTES",
-        (unsigned long long)SVMKIT_WQ_HEADER_BYTES, "SLOT_BYTES",
-        (unsigned long long)SVMKIT_WQ_SLOT_BYTES, "ITEM_OFFSET",
-        (unsigned long long)SVMKIT_WQ_ITEM_OFFSET, "MAGIC", (unsigned long long)SVMKIT_WQ_MAGIC,
+        (unsigned long long)SVMKIT_WQ_PARAMS_OFFSET, "ITEM_SIZE_OFFSET",
+        (unsigned long long)SVMKIT_WQ_ITEM_SIZE_OFFSET, "MAGIC_OFFSET",
+        (unsigned long long)SVMKIT_WQ_MAGIC_OFFSET, "SLOT_BYTES_OFFSET",
+        (unsigned long long)SVMKIT_WQ_SLOT_BYTES_OFFSET, "HEADER_BYTES",
+        (unsigned long long)SVMKIT_WQ_HEADER_BYTES, "ITEM_OFFSET",
+        (unsigned long long)SVMKIT_WQ_ITEM_OFFSET, "MAX_ITEM_BYTES",
+        (unsigned long long)SVMKIT_WQ_MAX_ITEM_BYTES, "MAGIC", (unsigned long long)SVMKIT_WQ_MAGIC,
         "CLOSED_BIT", (unsigned long long)SVMKIT_WQ_CLOSED_BIT);
     if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
         Py_XDECREF(layout);

@@ -33,7 +33,6 @@ once.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import weakref
@@ -51,63 +50,48 @@ from svmkit.errors import InvalidValueError, QueueClosed, WorkQueueTimeout
 from svmkit.events import at_shutdown
 from svmkit.policy import Granularity, Policy
 from svmkit.workqueue import ring as host_ring
-from svmkit.workqueue.layout import HEADER_BYTES, ITEM_OFFSET, MAGIC, PARAMS_OFFSET, SLOT_BYTES
+from svmkit.workqueue.items import check_dtype, is_record, opencl_type, source_for
+from svmkit.workqueue.layout import (
+    HEADER_BYTES,
+    ITEM_OFFSET,
+    ITEM_SIZE_OFFSET,
+    MAGIC,
+    MAGIC_OFFSET,
+    PARAMS_OFFSET,
+    SLOT_BYTES_OFFSET,
+    slot_bytes,
+)
 
 __all__ = ["WorkQueue", "WorkQueueTimeout", "close_all", "opencl_type", "persistent_grid"]
 
 log = logging.getLogger(__name__)
 
-_OPENCL_TYPES = {
-    "int8": "char",
-    "uint8": "uchar",
-    "int16": "short",
-    "uint16": "ushort",
-    "int32": "int",
-    "uint32": "uint",
-    "int64": "long",
-    "uint64": "ulong",
-    "float16": "half",
-    "float32": "float",
-    "float64": "double",
-    "complex64": "float2",
-    "bool": "uchar",
-}
-
-# Blocking waits: spin (the native helper spins without the GIL) for about 200 µs, then
-# sleep with a growing interval up to 1 ms (on a CPU device the kernel needs the cores).
-# Batch calls (push_many/pop_many) on a context with a CPU device spin once, briefly, then
-# sleep: they serve throughput, and a host thread spinning on a core the kernel's
-# work-groups need slows the kernel down more than a sleep delays the host.
-_SPIN_NS = 20_000
-_SPIN_ROUNDS = 10
-_BATCH_SPIN_NS = 5_000
+# Blocking waits (push/pop on a full/empty ring).  A wait spins without the GIL (C ring)
+# for as long as the other side moves: a ring that a kernel is draining (or filling) is
+# waited for by spinning, never by sleeping, and every call that makes progress starts
+# afresh.  Only once the other side did not move for _IDLE_NS (_IDLE_NS_SHARED where a
+# kernel runs on the host's cores, a CPU device: a work-item may need this core) does the
+# wait back off: _IDLE_ROUNDS such spins, then sleeps from _FIRST_SLEEP doubling up to
+# _MAX_SLEEP, each followed by one look at the ring.  So a host call blocked on an idle
+# queue costs one look per millisecond (about 3 % of a core, measured with Intel's CPU
+# runtime on a 2-core host) and notices the other side within about a millisecond once it
+# resumes.  (A persistent kernel blocked in wq_pop spins on the device: on a CPU device that
+# is a core at 100 % until the queue is closed.)  On a CPU device a single-item wait
+# (push, pop: latency) also yields the core (sched_yield) once nothing moved for 5 µs, so a
+# work-item that shares this thread's core can answer at once (p50 1.2 µs against 189 µs
+# without); batch waits do not yield (throughput: a yield on a busy host can lose the core
+# for a whole time slice, and yielding on every look made a drained producer several times
+# slower).  And there only one host thread spins at a time: others back off to sleeping at
+# once (three host threads spinning on a 2-core host starved the kernel they waited for).
+_IDLE_NS = 200_000
+_ONE_SPINNER, _YIELD = 1, 2  # ring.wait flags (see the C ring's wait)
+_IDLE_NS_SHARED = 50_000
+_IDLE_ROUNDS = 2
+_FIRST_SLEEP = 2e-5
 _MAX_SLEEP = 1e-3
 # A batch call that finds the ring not ready waits for a run of this many slots (for at most
 # a few µs once the first is ready) instead of trailing the other side slot by slot.
 _GATHER = 64
-
-
-def opencl_type(dtype: Any) -> str:
-    """The OpenCL C type that holds items of ``dtype`` (``WQ_ITEM``): int64 -> ``long``."""
-    dt = np.dtype(dtype)
-    try:
-        return _OPENCL_TYPES[dt.name]
-    except KeyError:
-        raise InvalidValueError(
-            f"dtype must be a numeric type of at most 8 bytes, got {dt}"
-        ) from None
-
-
-def _check_dtype(dtype: Any) -> np.dtype[Any]:
-    try:
-        dt: np.dtype[Any] = np.dtype(dtype)
-    except TypeError as exc:
-        raise InvalidValueError(f"dtype must be a NumPy numeric type, got {dtype!r}") from exc
-    if dt.name not in _OPENCL_TYPES or not dt.isnative:
-        raise InvalidValueError(
-            f"dtype must be a native-order numeric type of at most 8 bytes, got {dt}"
-        )
-    return dt
 
 
 def _check_capacity(capacity: Any) -> int:
@@ -210,23 +194,22 @@ def _backoff(
     for_pop: bool,
     round_: int,
     want: int = 1,
-    spin_rounds: int = 0,
     shares_cores: bool = False,
 ) -> None:
-    """Wait once for the ring: spin rounds first (``spin_rounds``, default ``_SPIN_ROUNDS``;
-    a round spins for ``_SPIN_NS``, or ``_BATCH_SPIN_NS`` when fewer rounds were asked for),
-    then sleeps that grow to ``_MAX_SLEEP``.  Where the kernel runs on the host's cores
-    (``shares_cores``) a single-item wait spins in short rounds and yields the core after
-    each, so a work-item that shares this thread's core gets to answer."""
-    rounds = spin_rounds or _SPIN_ROUNDS
-    if round_ < rounds:
-        if shares_cores and rounds == _SPIN_ROUNDS:
-            if not ring.wait(for_pop, _BATCH_SPIN_NS, want):
-                os.sched_yield()  # only when nothing came: a ready item is taken at once
+    """Wait once for the ring.  ``round_`` counts the waits since this call last made
+    progress (callers reset it to 0 when an item went through): the first ``_IDLE_ROUNDS``
+    spin while the other side moves (see ``_IDLE_NS``), later ones sleep, doubling from
+    ``_FIRST_SLEEP`` to ``_MAX_SLEEP``; ``shares_cores``: the kernel runs on the host's
+    cores (shorter idle spin, one spinning thread at a time; a single-item wait, ``want ==
+    1``, yields the core once nothing moved for 5 µs)."""
+    if round_ < _IDLE_ROUNDS:
+        if shares_cores:
+            flags = _ONE_SPINNER | (_YIELD if want == 1 else 0)
+            ring.wait(for_pop, _IDLE_NS_SHARED, want, flags)
         else:
-            ring.wait(for_pop, _SPIN_NS if rounds == _SPIN_ROUNDS else _BATCH_SPIN_NS, want)
+            ring.wait(for_pop, _IDLE_NS, want)
     else:
-        time.sleep(min(_MAX_SLEEP, 1e-5 * (round_ - rounds + 1)))
+        time.sleep(min(_MAX_SLEEP, _FIRST_SLEEP * (1 << min(round_ - _IDLE_ROUNDS, 16))))
 
 
 def _expired(deadline: float | None) -> bool:
@@ -243,8 +226,11 @@ class WorkQueue:
     capacity:
         Number of slots, a power of two >= 2.
     dtype:
-        Item type, numeric, at most 8 bytes; kernels set ``WQ_ITEM`` to the matching
-        OpenCL C type (``wq.defines`` gives it for ``sk.build_program``).
+        Item type: a real number of at most 8 bytes (kernels set ``WQ_ITEM`` to the
+        matching OpenCL C type, ``wq.defines`` gives it for ``sk.build_program``), or a
+        structured dtype of at most 64 bytes equal to its ``align=True`` form, a record
+        (``pop`` returns ``np.void``; kernels declare the struct with
+        :meth:`source_for`'s prelude before the header).
     policy:
         ``Policy.fine(atomics=True)`` (default) or a SYSTEM policy with atomics.
 
@@ -266,31 +252,43 @@ class WorkQueue:
         backend: str | None = None,
     ) -> None:
         cap = _check_capacity(capacity)
-        dt = _check_dtype(dtype)
+        dt = check_dtype(dtype)
         pol = _check_policy(policy)
         pol.check(ctx)  # UnsupportedError naming each device that lacks FINE/atomics
         ring_type = host_ring.ring_class(backend)
         self._context = ctx
         self._capacity = cap
         self._dtype = dt
-        self._array: SVMArray = empty(ctx, HEADER_BYTES + cap * SLOT_BYTES, np.uint8, policy=pol)
+        stride = slot_bytes(dt.itemsize)
+        self._array: SVMArray = empty(ctx, HEADER_BYTES + cap * stride, np.uint8, policy=pol)
         raw = self._array.host
         raw[:HEADER_BYTES] = 0
-        params = raw[PARAMS_OFFSET : PARAMS_OFFSET + 24]
-        params[:16].view(np.uint64)[:] = (cap - 1, cap)
-        params[16:].view(np.uint32)[:] = (dt.itemsize, MAGIC)
-        slots = raw[HEADER_BYTES:].reshape(cap, SLOT_BYTES)
+        raw[PARAMS_OFFSET : PARAMS_OFFSET + 16].view(np.uint64)[:] = (cap - 1, cap)
+        for offset, value in (
+            (ITEM_SIZE_OFFSET, dt.itemsize),
+            (MAGIC_OFFSET, MAGIC),
+            (SLOT_BYTES_OFFSET, stride),
+        ):
+            raw[offset : offset + 4].view(np.uint32)[0] = value
+        slots = raw[HEADER_BYTES:].reshape(cap, stride)
         slots[:, :8].view(np.uint64)[:, 0] = np.arange(cap, dtype=np.uint64)  # seq at +0
         slots[:, ITEM_OFFSET:] = 0
+        self._record = is_record(dt)
         direct = dt.kind in "iu" or dt.name in ("float32", "float64")
-        kind = dt.kind if direct else "r"
-        self._raw_dtype: np.dtype[Any] = dt if direct else np.dtype(f"u{dt.itemsize}")
-        self._encode: Callable[[Any], Any] | None = None if direct else self._to_bits
+        if self._record:  # bytes in and out of the ring; buffers pass as uint8
+            kind = "b"
+            self._raw_dtype: np.dtype[Any] = np.dtype(np.uint8)
+            self._encode: Callable[[Any], Any] | None = self._to_record_bytes
+            self._scalar: Callable[[Any], Any] = self._from_record_bytes
+        else:
+            kind = dt.kind if direct else "r"
+            self._raw_dtype = dt if direct else np.dtype(f"u{dt.itemsize}")
+            self._encode = None if direct else self._to_bits
+            self._scalar = dt.type if direct else self._from_bits
         self._ring: host_ring.RingOps = ring_type(self._array.ptr, cap, dt.itemsize, kind)
         self.backend = "python" if ring_type is host_ring.PyRing else "native"
-        self._scalar: Callable[[Any], Any] = dt.type if direct else self._from_bits
         self._shares_cores = any(d.type & cl.device_type.CPU for d in ctx.devices)
-        self._batch_spin_rounds = 1 if self._shares_cores else _SPIN_ROUNDS
+        self._reopen_lock = threading.Lock()
         with _live_lock:
             _live.add(self)
 
@@ -300,6 +298,14 @@ class WorkQueue:
 
     def _from_bits(self, bits: Any) -> Any:
         return np.asarray(bits, self._raw_dtype).view(self._dtype)[()]
+
+    def _to_record_bytes(self, item: Any) -> bytes:
+        if type(item) is np.void and item.dtype == self._dtype:
+            return item.tobytes()
+        return np.asarray(item, self._dtype).reshape(()).tobytes()  # a tuple, a 0-d array
+
+    def _from_record_bytes(self, bits: bytes) -> Any:
+        return np.frombuffer(bits, self._dtype)[0]
 
     def _coerce(self, item: Any) -> Any:
         """NumPy's conversion of ``item`` to ``dtype``, as a Python number."""
@@ -341,8 +347,24 @@ class WorkQueue:
 
     @property
     def defines(self) -> dict[str, str]:
-        """``{"WQ_ITEM": <OpenCL C type of dtype>}`` for :func:`svmkit.build_program`."""
+        """``{"WQ_ITEM": <OpenCL C type of dtype>}`` for :func:`svmkit.build_program` (for a
+        record the struct must also be declared: put :attr:`source` before the header)."""
         return {"WQ_ITEM": opencl_type(self._dtype)}
+
+    @property
+    def source(self) -> str:
+        """:meth:`source_for` of this queue's dtype."""
+        return source_for(self._dtype)
+
+    @staticmethod
+    def source_for(dtype: Any) -> str:
+        """The OpenCL C prelude for items of ``dtype``, to put before
+        ``#include "svmkit_workqueue.h"``: ``#define WQ_ITEM <type>``, and for a structured
+        dtype the ``typedef struct`` it names (a struct cannot travel through ``-D``
+        defines).  Needs no queue: a program can be built before any queue exists.
+
+        Raises :class:`~svmkit.InvalidValueError` for a dtype a queue cannot carry."""
+        return source_for(dtype)
 
     def record(self, event: cl.Event) -> None:
         """Remember a command that uses the ring: its memory is freed only after it ends."""
@@ -391,9 +413,9 @@ class WorkQueue:
         carries ``.pushed``.
         """
         src = np.ascontiguousarray(array, dtype=self._dtype).reshape(-1)
-        if self._encode is not None:
-            src = src.view(self._raw_dtype)
         n = len(src)
+        if self._encode is not None:  # raw bits (a record: its bytes)
+            src = src.view(self._raw_dtype)
         ring = self._ring
         done = 0
         deadline: float | None = None
@@ -401,8 +423,9 @@ class WorkQueue:
         try:
             while done < n:
                 k = ring.try_push_many(src, done)
-                if k > 0:  # (no backoff reset: a producer kept waiting on a full ring
-                    done += k  # escalates to sleeping instead of spinning against consumers)
+                if k > 0:
+                    done += k
+                    round_ = 0  # progress: the next wait spins afresh
                     continue
                 if k < 0:
                     err = QueueClosed(
@@ -419,7 +442,7 @@ class WorkQueue:
                             "items pushed",
                             pushed=done,
                         )
-                _backoff(ring, False, round_, min(n - done, _GATHER), self._batch_spin_rounds)
+                _backoff(ring, False, round_, min(n - done, _GATHER), self._shares_cores)
                 round_ += 1
         except BaseException as exc:  # an interrupt too: say how many items went in
             if not hasattr(exc, "pushed"):
@@ -427,7 +450,8 @@ class WorkQueue:
             raise
 
     def pop(self, timeout: float | None = None) -> Any:
-        """Pop one item (a NumPy scalar of ``dtype``), blocking while the queue is empty.
+        """Pop one item (a NumPy scalar of ``dtype``; ``np.void`` for a record), blocking
+        while the queue is empty.
 
         Raises :class:`~svmkit.QueueClosed` once the queue is closed and drained, and
         :class:`TimeoutError` when ``timeout`` seconds passed.
@@ -484,7 +508,7 @@ class WorkQueue:
                             f"pop_many timed out after {timeout} s: the queue stayed empty"
                         )
                     break
-                _backoff(ring, True, round_, min(n - got, _GATHER), self._batch_spin_rounds)
+                _backoff(ring, True, round_, min(n - got, _GATHER), self._shares_cores)
                 round_ += 1
         except BaseException as exc:  # an interrupt too: the items taken go with it
             exc.popped = out[:got]  # type: ignore[attr-defined]
@@ -499,6 +523,38 @@ class WorkQueue:
         """
         if not self._array.freed:
             self._ring.close()
+
+    def reopen(self) -> None:
+        """Make a closed and drained queue usable again, in the same memory (no allocation).
+
+        Pushes succeed again and pops block again; a kernel launched afterwards finds the
+        ring as a reused queue's.  Items keep their order positions (the counters run on), so
+        nothing a previous round left can be popped twice.
+
+        Raises
+        ------
+        InvalidValueError
+            The queue is still open, still holds items, or a kernel recorded on it (through
+            :func:`svmkit.launch` or :meth:`record`) has not finished: it could still pop
+            or push on the ring while it is being reset (API.md, "Fine-grain atomic work
+            queue").
+        """
+        ring = self._ring
+        with self._reopen_lock:
+            if not ring.closed():
+                raise InvalidValueError("reopen() needs a closed work queue; this one is open")
+            if not ring.drained():
+                raise InvalidValueError(
+                    f"reopen() needs a drained work queue; {len(self)} items were not popped"
+                )
+            running = self._array.pending_events()
+            if running:
+                raise InvalidValueError(
+                    f"reopen() while {len(running)} kernel(s) recorded on the work queue have "
+                    "not finished (wait for them first)"
+                )
+            if ring.reopen() != 1:  # (a push or pop raced: nothing else may use it now)
+                raise InvalidValueError("reopen() raced with another reopen() of the queue")
 
     def __enter__(self) -> WorkQueue:
         return self

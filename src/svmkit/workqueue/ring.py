@@ -48,7 +48,12 @@ from svmkit.workqueue.layout import (
     HEAD_OFFSET,
     HEADER_BYTES,
     ITEM_OFFSET,
-    SLOT_BYTES,
+    ITEM_SIZE_OFFSET,
+    MAGIC,
+    MAGIC_OFFSET,
+    MAX_ITEM_BYTES,
+    PARAMS_OFFSET,
+    SLOT_BYTES_OFFSET,
     TAIL_OFFSET,
 )
 
@@ -66,6 +71,7 @@ log = logging.getLogger(__name__)
 HOST_IS_TSO = platform.machine().lower() in ("x86_64", "amd64", "x86", "i386", "i686")
 
 _ACQUIRE, _RELEASE, _SEQ_CST = 2, 3, 5
+_WAIT_CAP_NS = 5_000_000  # the longest one wait() polls (as the C ring's)
 
 
 class RingOps(Protocol):
@@ -76,10 +82,11 @@ class RingOps(Protocol):
     def try_push_many(self, buffer: Any, start: int, /) -> int: ...
     def try_pop_many(self, buffer: Any, start: int, /) -> int: ...
     def close(self) -> bool: ...
+    def reopen(self) -> int: ...
     def closed(self) -> bool: ...
     def drained(self) -> bool: ...
     def length(self) -> int: ...
-    def wait(self, for_pop: bool, max_ns: int, want: int = 1, /) -> bool: ...
+    def wait(self, for_pop: bool, idle_ns: int, want: int = 1, flags: int = 0, /) -> bool: ...
 
 
 class CasProvider:
@@ -160,8 +167,10 @@ def cas_provider() -> CasProvider:
 class PyRing:
     """The ring's host operations in Python (same interface as ``_cring.Ring``).
 
-    ``kind`` is ``"i"``/``"u"``/``"f"`` for integer, unsigned and float items or ``"r"``
-    for raw bits that the caller converts (stored as unsigned integers of ``itemsize``).
+    ``kind`` is ``"i"``/``"u"``/``"f"`` for integer, unsigned and float items, ``"r"``
+    for raw bits that the caller converts (stored as unsigned integers of ``itemsize``), or
+    ``"b"`` for records of ``itemsize`` bytes (``bytes`` in and out).  The slot stride is
+    read from the ring's header (``slot_bytes``, written by the host that created it).
     """
 
     def __init__(
@@ -174,7 +183,8 @@ class PyRing:
         provider: CasProvider | None = None,
         tso: bool | None = None,
     ) -> None:
-        if capacity < 2 or capacity & (capacity - 1) or not 1 <= itemsize <= 8:
+        limit = MAX_ITEM_BYTES if kind == "b" else 8
+        if capacity < 2 or capacity & (capacity - 1) or not 1 <= itemsize <= limit:
             raise ValueError("bad ring parameters")
         self._cas = (provider or cas_provider()).cas
         self._provider = provider or cas_provider()
@@ -184,18 +194,31 @@ class PyRing:
         self._address = address
         self._mask = capacity - 1
         self._capacity = capacity
-        raw = host_bytes(address, HEADER_BYTES + capacity * SLOT_BYTES)
+        head = host_bytes(address, HEADER_BYTES)
+        stride = int(head[SLOT_BYTES_OFFSET : SLOT_BYTES_OFFSET + 4].view(np.uint32)[0])
+        params = (
+            int(head[PARAMS_OFFSET + 8 : PARAMS_OFFSET + 16].view(np.uint64)[0]),
+            int(head[ITEM_SIZE_OFFSET : ITEM_SIZE_OFFSET + 4].view(np.uint32)[0]),
+            int(head[MAGIC_OFFSET : MAGIC_OFFSET + 4].view(np.uint32)[0]),
+        )
+        if params != (capacity, itemsize, MAGIC) or stride % 8 or stride < ITEM_OFFSET + itemsize:
+            raise ValueError(
+                f"the ring header does not describe this ring (capacity, item size, magic "
+                f"{params}, slot bytes {stride})"
+            )
+        self._stride = stride
+        raw = host_bytes(address, HEADER_BYTES + capacity * stride)
         self._words = raw.view(np.uint64)
         self._closed_word = raw[CLOSED_OFFSET : CLOSED_OFFSET + 4].view(np.uint32)
-        self._seq = self._words[HEADER_BYTES // 8 :: SLOT_BYTES // 8]
+        self._seq = self._words[HEADER_BYTES // 8 :: stride // 8]
         letter = "u" if kind == "r" else kind
-        self._dtype = np.dtype(f"{letter}{itemsize}")
+        self._dtype = np.dtype(f"V{itemsize}" if kind == "b" else f"{letter}{itemsize}")
         self._items: np.ndarray[Any, Any] = np.ndarray(
             (capacity,),
             self._dtype,
             buffer=raw,
             offset=HEADER_BYTES + ITEM_OFFSET,
-            strides=(SLOT_BYTES,),
+            strides=(stride,),
         )
         self._tail_addr = address + TAIL_OFFSET
         self._head_addr = address + HEAD_OFFSET
@@ -206,14 +229,14 @@ class PyRing:
         if self._tso:
             return int(self._seq[slot])
         assert self._provider.load is not None
-        return self._provider.load(self._seq_addr0 + slot * SLOT_BYTES)
+        return self._provider.load(self._seq_addr0 + slot * self._stride)
 
     def _store_seq(self, slot: int, value: int) -> None:
         if self._tso:
             self._seq[slot] = value
         else:
             assert self._provider.store is not None
-            self._provider.store(self._seq_addr0 + slot * SLOT_BYTES, value)
+            self._provider.store(self._seq_addr0 + slot * self._stride, value)
 
     def _load_word(self, index: int) -> int:
         if self._tso:
@@ -224,6 +247,8 @@ class PyRing:
     def try_push(self, item: Any) -> int:
         """1 pushed, 0 full, -1 closed."""
         value = self._dtype.type(item)  # convert (and raise) before claiming a slot
+        if value.dtype != self._dtype:  # a record given as bytes of another length
+            raise ValueError(f"a record item must be {self._dtype.itemsize} bytes")
         pos = self._load_word(TAIL_OFFSET // 8)
         while True:
             if pos & CLOSED_BIT:
@@ -279,10 +304,7 @@ class PyRing:
         while True:
             if pos & CLOSED_BIT:
                 return -1
-            used = pos - int(self._words[HEAD_OFFSET // 8])
-            if used < 0:
-                pos = int(self._words[TAIL_OFFSET // 8])
-                continue
+            used = max(0, pos - int(self._words[HEAD_OFFSET // 8]))  # < 0: claimed ahead
             if used >= cap:
                 return 0
             k = min(n, cap - used)
@@ -354,6 +376,25 @@ class PyRing:
         self._closed_word[0] = 1  # mirror; the bit in tail is what decides
         return opened
 
+    def reopen(self) -> int:
+        """Clear tail's closed bit of a closed, drained ring: 1 reopened, 0 it was open,
+        -1 not drained.  Positions that consumers claimed ahead of tail (a device ``wq_pop``
+        waiting when the queue closed) are marked consumed and tail moves up to head, so the
+        next lap's producers find every slot free.  Nothing may use the ring meanwhile."""
+        old = self._load_word(TAIL_OFFSET // 8)
+        if not old & CLOSED_BIT:
+            return 0
+        pos = old & ~CLOSED_BIT
+        head = self._load_word(HEAD_OFFSET // 8)
+        if head < pos:
+            return -1
+        for p in range(pos, head):  # claimed ahead, never published: free for lap + 1
+            self._store_seq(p & self._mask, p + self._capacity)
+        if self._cas(self._tail_addr, old, head) != old:
+            return 0  # (another reopen won)
+        self._closed_word[0] = 0
+        return 1
+
     def closed(self) -> bool:
         return bool(self._load_word(TAIL_OFFSET // 8) & CLOSED_BIT)
 
@@ -368,11 +409,28 @@ class PyRing:
         tail = self._load_word(TAIL_OFFSET // 8) & ~CLOSED_BIT
         return max(0, min(tail - head, self._capacity))
 
-    def wait(self, for_pop: bool, max_ns: int, want: int = 1) -> bool:
-        """Give the CPU away once (the GIL is released while sleeping); False: the core
-        was already given away."""
-        time.sleep(0)
-        return False
+    def wait(self, for_pop: bool, idle_ns: int, want: int = 1, flags: int = 0) -> bool:
+        """Poll until the slot at head (``for_pop``) or tail is ready or the queue closes
+        (True), giving the GIL and the core away between looks (``time.sleep(0)``); False
+        once the other side (tail for a pop, head for a push) did not move for ``idle_ns``.
+        ``want`` and ``flags`` are the C ring's (the first slot decides here; every look
+        yields here, and any number of threads may poll)."""
+        counter, other = (HEAD_OFFSET // 8, TAIL_OFFSET // 8)[:: 1 if for_pop else -1]
+        seen = self._load_word(other)
+        moved_at = start = time.monotonic_ns()
+        while True:
+            if self._closed_word[0]:
+                return True
+            pos = self._load_word(counter) & ~CLOSED_BIT
+            if self._load_seq(pos & self._mask) - (pos + (1 if for_pop else 0)) >= 0:
+                return True
+            time.sleep(0)
+            now = time.monotonic_ns()
+            moved = self._load_word(other)
+            if moved != seen:
+                seen, moved_at = moved, now
+            elif now - moved_at >= idle_ns or now - start >= _WAIT_CAP_NS:
+                return now - moved_at < idle_ns
 
 
 @functools.cache
