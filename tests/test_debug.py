@@ -153,8 +153,12 @@ __kernel void slow_fill(__global float *a, int iters) {
 """
 
 
+# The host poisons fine-grain memory at once; coarse-grain memory is poisoned by a copy on
+# svmkit's own queue, which a device may run after an untracked kernel's late writes (seen on
+# NVIDIA's OpenCL), so a late write is caught every time only in memory the host poisons.
+@pytest.mark.needs("fine")
 def test_an_untracked_kernel_writing_into_a_freed_block_is_reported_every_time(ctx, queue):
-    pool = sk.Pool(ctx, debug=True)
+    pool = sk.Pool(ctx, policy=sk.Policy.fine(), debug=True)
     knl = cl.Kernel(sk.build_program(ctx, SLOW), "slow_fill")  # raw: svmkit cannot see it
     n = 1 << 14
     for _ in range(3):
@@ -163,7 +167,7 @@ def test_an_untracked_kernel_writing_into_a_freed_block_is_reported_every_time(c
         a.free()
         b = pool.zeros(n, np.float32)  # not a's block: it is quarantined
         queue.finish()
-        assert float(b.sum()) == 0.0
+        assert float(b.get().sum()) == 0.0
         with pytest.raises(sk.UseAfterFreeError) as info:
             pool.trim()
         message = str(info.value)
@@ -173,11 +177,12 @@ def test_an_untracked_kernel_writing_into_a_freed_block_is_reported_every_time(c
     assert pool.debug is not None and len(pool.debug.reports) == 3
 
 
+@pytest.mark.needs("fine")
 def test_a_late_write_is_reported_at_exit():
     code = (
         "import numpy as np, pyopencl as cl, svmkit as sk\n"
         "ctx = sk.create_context(); queue = cl.CommandQueue(ctx)\n"
-        "pool = sk.Pool(ctx, debug=True)\n"
+        "pool = sk.Pool(ctx, policy=sk.Policy.fine(), debug=True)\n"
         f"knl = cl.Kernel(sk.build_program(ctx, {SLOW!r}), 'slow_fill')\n"
         "a = pool.empty(4096, np.float32)\n"
         "knl(queue, (4096,), None, a, np.int32(200000))\n"

@@ -134,9 +134,18 @@ def test_waits_on_a_failed_event_are_typed(ctx):
     driver_calls.set_event_status(failed, -1)
     assert driver_calls.event_status(failed) == -1 and driver_calls.event_complete(failed)
     name = "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST"
-    err = _typed(sk.SVMError, name, lambda: driver_calls.wait(failed, "the test's command"))
-    assert "waiting for the test's command" in str(err)
-    _typed(sk.SVMError, name, lambda: driver_calls.wait_for_events([failed]))
+    # Intel's and PoCL's clWaitForEvents fail; NVIDIA's returns success and the event's
+    # status says it failed: the same typed error either way.
+    for wait in (
+        lambda: driver_calls.wait(failed, "the test's command"),
+        lambda: driver_calls.wait_for_events([failed]),
+    ):
+        with pytest.raises(sk.SVMError) as info:
+            wait()
+        assert type(info.value) is sk.SVMError and info.value.cl_error == name
+        assert "waiting for" in str(info.value)
+    with pytest.raises(sk.SVMError, match="waiting for the test's command"):
+        driver_calls.wait(failed, "the test's command")
 
 
 def test_a_user_event_completes_once(ctx):
@@ -145,10 +154,14 @@ def test_a_user_event_completes_once(ctx):
     assert driver_calls.event_status(event) == 0 and driver_calls.event_complete(event)
     driver_calls.wait(event)
     driver_calls.wait_for_events([event, event])
-    # the spec: clSetUserEventStatus on an event whose status was set is CL_INVALID_OPERATION
-    _typed(
-        sk.UnsupportedError, "CL_INVALID_OPERATION", lambda: driver_calls.set_event_status(event)
-    )
+    # the spec: clSetUserEventStatus on an event whose status was set is
+    # CL_INVALID_OPERATION (Intel, PoCL); NVIDIA's driver ignores the second call
+    try:
+        driver_calls.set_event_status(event, -1)
+    except sk.SVMError as exc:
+        assert type(exc) is sk.UnsupportedError and exc.cl_error == "CL_INVALID_OPERATION"
+        assert isinstance(exc.__cause__, cl.Error)
+    assert driver_calls.event_status(event) == 0  # completed once, and stays so
 
 
 def test_queues_and_contexts_are_made_or_refused_typed(ctx):
@@ -183,11 +196,10 @@ def test_kernels_are_made_or_refused_typed(ctx):
     assert isinstance(kernel, cl.Kernel) and kernel is not driver_calls.new_kernel(program, "k")
     assert driver_calls.kernel_arg_type_name(kernel, 0).replace(" ", "") == "int*"
     assert driver_calls.kernel_arg_type_name(kernel, 1) == "float"
-    _typed(
-        sk.InvalidValueError,
-        "CL_INVALID_VALUE",
-        lambda: driver_calls.kernel_arg_type_name(kernel, 2),
-    )
+    with pytest.raises(sk.InvalidValueError) as info:  # the spec's code, or Intel's
+        driver_calls.kernel_arg_type_name(kernel, 2)
+    assert info.value.cl_error in {"CL_INVALID_ARG_INDEX", "CL_INVALID_VALUE"}
+    assert isinstance(info.value.__cause__, cl.Error)
 
 
 class BrokenDriverObject:

@@ -261,7 +261,8 @@ def test_reads_follow_the_map_mode(ctx, queue, mode):
             else:
                 with pytest.raises(sk.MapStateError, match=r'host read .*mode "r" or "rw"'):
                     read()
-    assert a.get().tolist() == [0, 1, 2, 3]
+    if mode != "w_invalidate":  # (whose unmap leaves the bytes undefined: the spec)
+        assert a.get().tolist() == [0, 1, 2, 3]
 
 
 @pytest.mark.needs("coarse")
@@ -292,7 +293,8 @@ def test_an_in_place_operator_reads_and_writes_its_target(ctx, queue, mode):
         else:
             with pytest.raises(sk.MapStateError, match=r'host read and write .*mode "rw"'):
                 a += 1
-    assert a.get().tolist() == ([2, 4, 6, 8] if mode == "rw" else [0, 1, 2, 3])
+    if mode != "w_invalidate":  # (whose unmap leaves the bytes undefined: the spec)
+        assert a.get().tolist() == ([2, 4, 6, 8] if mode == "rw" else [0, 1, 2, 3])
 
 
 @pytest.mark.needs("coarse")

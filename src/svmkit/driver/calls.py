@@ -237,19 +237,36 @@ def event_complete(event: cl.Event) -> bool:
 def wait(event: cl.Event, what: str = "a command") -> None:
     """``clWaitForEvents`` on one event; a command that failed (or waited for an event
     that failed: ``CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST``) raises its typed error.
-    ``what`` names the command in the message."""
+    ``what`` names the command in the message.  A driver whose wait returns success for
+    an event that failed (NVIDIA's, for a user event set to an error) is answered from
+    the event's status."""
     try:
         event.wait()
     except cl.Error as exc:
         raise translate(exc, what=f"waiting for {what}") from exc
+    _check_not_failed([event], what)
 
 
 def wait_for_events(events: list[cl.Event]) -> None:
-    """``clWaitForEvents`` on every event of a non-empty list."""
+    """``clWaitForEvents`` on every event of a non-empty list (failures as :func:`wait`)."""
+    what = f"{len(events)} events"
     try:
         cl.wait_for_events(events)
     except cl.Error as exc:
-        raise translate(exc, what=f"waiting for {len(events)} events") from exc
+        raise translate(exc, what=f"waiting for {what}") from exc
+    _check_not_failed(events, what)
+
+
+def _check_not_failed(events: list[cl.Event], what: str) -> None:
+    """Raise for a waited-for event whose execution status is an error (negative): the
+    spec's ``clWaitForEvents`` answer ``CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST``."""
+    for event in events:
+        status = event_status(event)
+        if status < 0:
+            raise error_for_name(
+                "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
+                f"waiting for {what} failed: an event's execution status is {status}",
+            )
 
 
 def new_user_event(context: cl.Context) -> cl.UserEvent:
