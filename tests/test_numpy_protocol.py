@@ -324,4 +324,5 @@ def test_tolist_and_copy_read_on_the_host_under_a_read_map(ctx, queue, mode):
         else:  # the device would read bytes mapped for writing: refused
             with pytest.raises(sk.MapStateError, match="mapped on the host for writing"):
                 a.tolist()
-    assert a.tolist() == [0, 1, 2, 3] and a.copy().get().tolist() == [0, 1, 2, 3]
+    if mode != "w_invalidate":  # (whose unmap leaves the bytes undefined: the spec)
+        assert a.tolist() == [0, 1, 2, 3] and a.copy().get().tolist() == [0, 1, 2, 3]
