@@ -14,14 +14,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyopencl as cl
 
-from svmkit.driver.calls import event_status
+from svmkit.driver import calls
 from svmkit.driver.per_context import canonical_context
 from svmkit.driver.queues import default_queue
 from svmkit.errors import (
     CopyOverlapError,
     InvalidContextError,
     InvalidValueError,
-    SVMError,
     UseAfterFreeError,
 )
 
@@ -269,15 +268,8 @@ def check_wait_status(events: list[cl.Event] | None, what: str) -> None:
     negative (error) status.  Checked before enqueueing every command, of every size and
     blocking or not: PoCL never runs, nor fails, a command behind a failed event, so
     waiting for it would hang, and so would the release of the memory it uses."""
-    for event in events or ():
-        status = event_status(event)
-        if status < 0:
-            raise SVMError(
-                f"{what} waits for an event that failed (status "
-                f"{status}); a blocking command fails with "
-                "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
-                cl_error="CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
-            )
+    if events:
+        calls.raise_for_failed(events, f"{what} waits for an event that failed")
 
 
 def check_map_mode(mode: Any) -> int:

@@ -27,7 +27,7 @@ operation, so every enqueue reads the module attribute at call time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,7 @@ from svmkit.errors import (
 
 __all__ = [
     "copy_and_wait",
+    "raise_for_failed",
     "event_complete",
     "event_status",
     "finish",
@@ -135,7 +136,7 @@ def enqueue_copy(queue: cl.CommandQueue, dst: Any, src: Any, wait: Wait) -> cl.E
         raise translate(exc, what="clEnqueueSVMMemcpy", nbytes=_nbytes(src)) from exc
 
 
-def copy_and_wait(queue: cl.CommandQueue, dst: Any, src: Any, wait: Wait) -> cl.Event:
+def copy_and_wait(queue: cl.CommandQueue, dst: Any, src: Any, after: Wait) -> cl.Event:
     """A blocking ``clEnqueueSVMMemcpy``, made as a non-blocking copy plus a wait (GIL);
     returns the completed event.  NumPy sides are wrapped as SVM pointer objects (the
     driver reads host memory through the same entry point)."""
@@ -143,11 +144,8 @@ def copy_and_wait(queue: cl.CommandQueue, dst: Any, src: Any, wait: Wait) -> cl.
         dst = cl.SVM(dst)
     if isinstance(src, np.ndarray):
         src = cl.SVM(src)
-    event = enqueue_copy(queue, dst, src, wait or None)
-    try:
-        event.wait()
-    except cl.Error as exc:
-        raise translate(exc, what="waiting for clEnqueueSVMMemcpy") from exc
+    event = enqueue_copy(queue, dst, src, after or None)
+    wait(event, "clEnqueueSVMMemcpy")
     return event
 
 
@@ -169,14 +167,11 @@ def enqueue_map(queue: cl.CommandQueue, flags: int, svm: Any, wait: Wait) -> cl.
         raise translate(exc, what="clEnqueueSVMMap") from exc
 
 
-def map_and_wait(queue: cl.CommandQueue, flags: int, svm: Any, wait: Wait) -> cl.Event:
+def map_and_wait(queue: cl.CommandQueue, flags: int, svm: Any, after: Wait) -> cl.Event:
     """A blocking ``clEnqueueSVMMap``, made as a non-blocking map plus a wait (GIL);
     returns the completed event."""
-    event = enqueue_map(queue, flags, svm, wait)
-    try:
-        event.wait()
-    except cl.Error as exc:
-        raise translate(exc, what="waiting for clEnqueueSVMMap") from exc
+    event = enqueue_map(queue, flags, svm, after)
+    wait(event, "clEnqueueSVMMap")
     return event
 
 
@@ -244,7 +239,7 @@ def wait(event: cl.Event, what: str = "a command") -> None:
         event.wait()
     except cl.Error as exc:
         raise translate(exc, what=f"waiting for {what}") from exc
-    _check_not_failed([event], what)
+    raise_for_failed((event,), f"waiting for {what} failed")
 
 
 def wait_for_events(events: list[cl.Event]) -> None:
@@ -254,18 +249,20 @@ def wait_for_events(events: list[cl.Event]) -> None:
         cl.wait_for_events(events)
     except cl.Error as exc:
         raise translate(exc, what=f"waiting for {what}") from exc
-    _check_not_failed(events, what)
+    raise_for_failed(events, f"waiting for {what} failed")
 
 
-def _check_not_failed(events: list[cl.Event], what: str) -> None:
-    """Raise for a waited-for event whose execution status is an error (negative): the
-    spec's ``clWaitForEvents`` answer ``CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST``."""
+def raise_for_failed(events: Iterable[cl.Event], message: str) -> None:
+    """Raise ``CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST`` (an :class:`~svmkit.SVMError`)
+    for the first of ``events`` whose execution status is an error (negative), ``message``
+    saying what waited for it: the spec's answer of ``clWaitForEvents`` and of a blocking
+    command whose wait list holds such an event."""
     for event in events:
         status = event_status(event)
         if status < 0:
             raise error_for_name(
                 "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST",
-                f"waiting for {what} failed: an event's execution status is {status}",
+                f"{message} (status {status})",
             )
 
 

@@ -180,7 +180,7 @@ def _host_array_argument(index: int, arg: np.ndarray[Any, Any]) -> InvalidValueE
     return InvalidValueError(
         f"kernel argument {index} is a NumPy array (shape {arg.shape}, dtype {arg.dtype}) in "
         "host memory, which the device cannot address; copy it into SVM with "
-        "sk.asarray(ctx, array), or allocate it there with sk.numpy_allocator()"
+        "sk.asarray(ctx, array) and pass that SVMArray"
     )
 
 
