@@ -246,3 +246,19 @@ def test_debug_switch_is_exported_at_top_level() -> None:
     assert sk.set_debug is debug_module.set_debug
     assert sk.debug_enabled is debug_module.debug_enabled
     assert sk.DebugAdaptor is debug_module.DebugAdaptor
+
+
+def test_out_of_memory_releases_the_quarantine_first(ctx):
+    # The quarantine holds freed blocks above the pool; under a limit the pool cannot reach
+    # them, so the adaptor checks and returns them before it says out of memory.
+    limited = sk.LimitingAdaptor(sk.SVMResource(ctx), limit_bytes=(2 << 20) + (1 << 19))
+    debug = sk.DebugAdaptor(sk.PoolResource(limited))
+    for _ in range(2):
+        debug.allocate(1 << 20).free()  # each block quarantined, none back in the pool
+    assert debug.poisoner.held() == 2
+    third = debug.allocate(1 << 20)  # over the limit unless the quarantine goes back
+    assert debug.poisoner.held() == 0 and debug.reports == []
+    assert limited.used_bytes <= limited.limit_bytes
+    third.free()
+    with pytest.raises(sk.OutOfMemoryError):  # nothing held back: a real limit stays one
+        debug.allocate(4 << 20)

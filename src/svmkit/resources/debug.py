@@ -34,7 +34,7 @@ import numpy as np
 
 from svmkit.driver import calls
 from svmkit.driver.queues import default_queue
-from svmkit.errors import UseAfterFreeError
+from svmkit.errors import OutOfMemoryError, UseAfterFreeError
 from svmkit.events import at_shutdown, release_after
 from svmkit.resources._adaptor import ResourceAdaptor
 from svmkit.resources.base import Allocation, MemoryResource
@@ -273,7 +273,19 @@ class DebugAdaptor(ResourceAdaptor):
         return self.poisoner.reports
 
     def allocate(self, nbytes: int, alignment: int = 0) -> Allocation:
-        allocation = self.upstream.allocate(nbytes, alignment)
+        """An allocation from upstream.  Out of memory with blocks in quarantine: their
+        poison is checked and they go back upstream, then the allocation is retried once
+        (debug mode never runs out of memory where a plain pool would not)."""
+        try:
+            allocation = self.upstream.allocate(nbytes, alignment)
+        except OutOfMemoryError:
+            if not self.poisoner.held():
+                raise
+            problems = self.poisoner.check_quarantine()
+            allocation = self.upstream.allocate(nbytes, alignment)
+            if problems and self.poisoner.strict:
+                allocation.free()
+                raise UseAfterFreeError(problems[0]) from None
         allocation.resource = self
         self.poisoner.allocated(allocation)
         return allocation
