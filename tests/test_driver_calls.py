@@ -118,7 +118,7 @@ def test_get_and_set_refuse_a_queue_of_another_context(ctx, policy):
 # -- events, queues, contexts, kernels ------------------------------------------------------
 
 
-def _typed(cls: type[sk.SVMError], cl_error: str, fn: Callable[[], Any]) -> sk.SVMError:
+def _expect_typed(cls: type[sk.SVMError], cl_error: str, fn: Callable[[], Any]) -> sk.SVMError:
     with pytest.raises(cls) as info:
         fn()
     assert type(info.value) is cls
@@ -158,7 +158,7 @@ def test_a_user_event_completes_once(ctx):
     # CL_INVALID_OPERATION (Intel, PoCL); NVIDIA's driver accepts the second call
     if "NVIDIA" in ctx.devices[0].platform.name:
         return
-    _typed(
+    _expect_typed(
         sk.UnsupportedError, "CL_INVALID_OPERATION", lambda: driver_calls.set_event_status(event)
     )
     assert driver_calls.event_status(event) == 0  # completed once, and stays so
@@ -172,10 +172,10 @@ def test_queues_and_contexts_are_made_or_refused_typed(ctx):
     driver_calls.finish(queue)
     assert driver_calls.event_complete(marker)
     assert ctx.devices[0] in driver_calls.platform_devices(ctx.devices[0].platform)
-    _typed(
+    _expect_typed(
         sk.InvalidValueError, "CL_INVALID_VALUE", lambda: driver_calls.new_queue(ctx, None, 1 << 20)
     )
-    _typed(sk.InvalidValueError, "CL_INVALID_VALUE", lambda: driver_calls.new_context([]))
+    _expect_typed(sk.InvalidValueError, "CL_INVALID_VALUE", lambda: driver_calls.new_context([]))
     own = driver_calls.new_context(list(ctx.devices))
     assert own.devices == ctx.devices
 
@@ -183,10 +183,12 @@ def test_queues_and_contexts_are_made_or_refused_typed(ctx):
 def test_kernels_are_made_or_refused_typed(ctx):
     source = "__kernel void k(__global int *a, float x) {}"
     program = driver_calls.new_program(ctx, source, cached=False)
-    _typed(sk.SVMError, "CL_INVALID_PROGRAM_EXECUTABLE", lambda: driver_calls.kernel_names(program))
+    _expect_typed(
+        sk.SVMError, "CL_INVALID_PROGRAM_EXECUTABLE", lambda: driver_calls.kernel_names(program)
+    )
     program.build(b"-cl-kernel-arg-info", list(ctx.devices))
     assert driver_calls.kernel_names(program) == ["k"]
-    err = _typed(
+    err = _expect_typed(
         sk.InvalidValueError,
         "CL_INVALID_KERNEL_NAME",
         lambda: driver_calls.new_kernel(program, "j"),
@@ -226,11 +228,11 @@ class BrokenDriverObject:
 
 def test_failing_queue_event_and_platform_calls_are_typed():
     broken: Any = BrokenDriverObject()
-    _typed(sk.SVMError, "CL_INVALID_COMMAND_QUEUE", lambda: driver_calls.finish(broken))
-    _typed(sk.SVMError, "CL_INVALID_COMMAND_QUEUE", lambda: driver_calls.flush(broken))
-    _typed(sk.SVMError, "CL_INVALID_EVENT", lambda: driver_calls.event_status(broken))
-    _typed(sk.SVMError, "CL_INVALID_EVENT", lambda: driver_calls.event_complete(broken))
-    _typed(
+    _expect_typed(sk.SVMError, "CL_INVALID_COMMAND_QUEUE", lambda: driver_calls.finish(broken))
+    _expect_typed(sk.SVMError, "CL_INVALID_COMMAND_QUEUE", lambda: driver_calls.flush(broken))
+    _expect_typed(sk.SVMError, "CL_INVALID_EVENT", lambda: driver_calls.event_status(broken))
+    _expect_typed(sk.SVMError, "CL_INVALID_EVENT", lambda: driver_calls.event_complete(broken))
+    _expect_typed(
         sk.OutOfMemoryError, "CL_OUT_OF_RESOURCES", lambda: driver_calls.platform_devices(broken)
     )
 

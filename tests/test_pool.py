@@ -527,7 +527,7 @@ def _read(figure: str, pool: sk.Pool, adaptor: Any) -> tuple[int, int]:
     return stats["current_allocations"], stats["current_bytes"]
 
 
-def free_exported_arrays(
+def check_figures_after_threads_free_exported_arrays(
     ctx: cl.Context, figure: str, threads: int, rounds: int, iterations: int
 ) -> None:
     """``threads`` threads each run ``a = empty(); a.host[:] = s; a.free()`` ``iterations``
@@ -561,7 +561,7 @@ def free_exported_arrays(
 def test_figures_are_exact_right_after_threads_free_exported_arrays(
     ctx: cl.Context, figure: str
 ) -> None:
-    free_exported_arrays(ctx, figure, THREADS, ROUNDS, ITERATIONS)
+    check_figures_after_threads_free_exported_arrays(ctx, figure, THREADS, ROUNDS, ITERATIONS)
 
 
 @pytest.mark.stress
@@ -570,7 +570,9 @@ def test_figures_are_exact_right_after_threads_free_exported_arrays(
 def test_figures_are_exact_right_after_threads_free_exported_arrays_long(
     ctx: cl.Context, figure: str
 ) -> None:
-    free_exported_arrays(ctx, figure, THREADS, rounds=200, iterations=400)
+    check_figures_after_threads_free_exported_arrays(
+        ctx, figure, THREADS, rounds=200, iterations=400
+    )
 
 
 @pytest.mark.needs("fine")

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -34,8 +33,8 @@ import pyopencl as cl
 
 from svmkit.arrays.creation import empty
 from svmkit.capabilities import capabilities, create_context, device_label
+from svmkit.cli.demo_runner import run_demo
 from svmkit.driver import calls
-from svmkit.errors import SVMError
 from svmkit.ops import copy, launch
 from svmkit.policy import Policy
 from svmkit.programs import build_program, kernels_dir
@@ -299,16 +298,4 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo: 0 when every result matches NumPy, 1 otherwise or on an OpenCL error,
     2 on a bad option, 130 on Ctrl-C."""
-    out, err = sys.stdout, sys.stderr
-    try:
-        args = build_parser().parse_args(list(argv) if argv is not None else None)
-    except SystemExit as exc:
-        return int(exc.code) if isinstance(exc.code, int) else 2
-    try:
-        return run(args, out, err)
-    except KeyboardInterrupt:
-        err.write(f"\n{PROG}: interrupted\n")
-        return 130
-    except (SVMError, cl.Error, TimeoutError, OSError) as exc:
-        err.write(f"{PROG}: error: {exc}\n")
-        return 1
+    return run_demo(PROG, build_parser(), run, argv)
