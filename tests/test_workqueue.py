@@ -1110,6 +1110,37 @@ __kernel void drain(__global svmkit_wq *q, __global long *sums, __global ulong *
 """
 
 
+@pytest.mark.needs("fine", "atomics")
+def test_a_wait_starts_afresh_after_progress(
+    ctx: cl.Context, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait's backoff resets whenever items went through: a producer whose ring the
+    other side drains before the wait would sleep never reaches the sleeping rounds.  The
+    other side here is the wait itself, which pops a few items on its last spinning round
+    (deterministic: no second thread, no timing)."""
+    from svmkit.workqueue import queue as queue_module
+
+    wq = sk.WorkQueue(ctx, 16, backend=backend)
+    rounds: list[int] = []
+    popped: list[int] = []
+
+    def draining(ring_: Any, for_pop: bool, round_: int, *args: Any, **kwargs: Any) -> None:
+        rounds.append(round_)
+        assert not for_pop
+        if round_ >= queue_module._IDLE_ROUNDS - 1:  # the other side moves just in time
+            popped.extend(int(v) for v in wq.pop_many(5, timeout=1.0))
+
+    monkeypatch.setattr(queue_module, "_backoff", draining)
+    items = np.arange(200, dtype=np.int64)
+    wq.push_many(items)
+    popped.extend(int(v) for v in wq.pop_many(len(items) - len(popped), timeout=1.0))
+    assert sorted(popped) == items.tolist()  # every item once, in order per pop
+    assert popped == items.tolist()
+    assert len(rounds) > 20 and max(rounds) == queue_module._IDLE_ROUNDS - 1  # never slept
+    assert rounds.count(0) == len(rounds) // queue_module._IDLE_ROUNDS  # a reset each time
+
+
+@pytest.mark.stress
 @pytest.mark.skipif(
     "native" not in ring.available_backends(), reason="the C ring (its GIL-free wait) not built"
 )
