@@ -171,6 +171,7 @@ _CL_ERROR_NAMES: dict[int, str] = {
     -5: "CL_OUT_OF_RESOURCES",
     -6: "CL_OUT_OF_HOST_MEMORY",
     -8: "CL_MEM_COPY_OVERLAP",
+    -1001: "CL_PLATFORM_NOT_FOUND_KHR",
     -11: "CL_BUILD_PROGRAM_FAILURE",
     -30: "CL_INVALID_VALUE",
     -33: "CL_INVALID_DEVICE",
@@ -212,15 +213,25 @@ def cl_error_name(code: int) -> str:
     return _CL_ERROR_NAMES.get(code, f"CL_ERROR_{code}")
 
 
+def cl_error_code(exc: BaseException) -> int | None:
+    """The OpenCL error code a ``pyopencl.Error`` carries (``None`` where it carries none;
+    PyOpenCL's ``code`` is a method)."""
+    try:
+        code = getattr(exc, "code", None)
+        code = code() if callable(code) else code
+    except Exception:
+        return None
+    return code if isinstance(code, int) else None
+
+
 def translate(exc: BaseException, *, what: str, nbytes: int = 0) -> SVMError:
     """The svmkit error for a driver error raised by PyOpenCL while doing ``what``.
 
     A ``pyopencl.Error`` with a known code becomes the matching class with ``cl_error``
     set; any other driver code becomes a plain :class:`SVMError` carrying its name.
     """
-    code_attr = getattr(exc, "code", None)
-    code = code_attr() if callable(code_attr) else code_attr
-    name = cl_error_name(int(code)) if isinstance(code, int) else None
+    code = cl_error_code(exc)
+    name = cl_error_name(code) if code is not None else None
     return error_for_name(name, f"{what} failed in the OpenCL driver: {exc}", nbytes=nbytes)
 
 

@@ -40,6 +40,7 @@ from svmkit.errors import (
     InvalidValueError,
     SVMError,
     UnsupportedError,
+    cl_error_code,
     cl_error_name,
     error_for_name,
     translate,
@@ -84,7 +85,6 @@ __all__ = [
 
 Wait = list[cl.Event] | None
 
-_PLATFORM_NOT_FOUND_KHR = -1001
 
 svm_pointer = cl.SVM
 """PyOpenCL's SVM pointer object over a contiguous host-addressable NumPy view."""
@@ -299,7 +299,7 @@ def platforms() -> list[cl.Platform]:
     try:
         return list(cl.get_platforms())
     except cl.Error as exc:
-        if _code_of(exc) == _PLATFORM_NOT_FOUND_KHR:
+        if _error_name(exc) == "CL_PLATFORM_NOT_FOUND_KHR":
             return []
         raise translate(exc, what="clGetPlatformIDs") from exc
 
@@ -427,10 +427,6 @@ def new_program(context: cl.Context, source: str, *, cached: bool = True) -> Any
         raise translate(exc, what="clCreateProgramWithSource") from exc
 
 
-_BUILD_PROGRAM_FAILURE = -11
-_INVALID_BUILD_OPTIONS = -43
-
-
 def build_program(
     context: cl.Context,
     source: str,
@@ -502,14 +498,14 @@ def _build_error(
     """The typed error of a failed build, with each device's log (spec, clBuildProgram:
     ``CL_BUILD_PROGRAM_FAILURE`` "if there is a failure to build the program executable",
     ``CL_INVALID_BUILD_OPTIONS`` "if the build options specified by options are invalid")."""
-    code = _code_of(exc)
-    if code not in (None, _BUILD_PROGRAM_FAILURE, _INVALID_BUILD_OPTIONS):
+    name = _error_name(exc)
+    if name not in (None, "CL_BUILD_PROGRAM_FAILURE", "CL_INVALID_BUILD_OPTIONS"):
         return translate(exc, what="clBuildProgram")
     targets = list(devices or context.devices)
     logs = build_logs(program, targets)
     build_log = "\n".join(f"{name}:\n{text}" for name, text in logs.items())
     names = ", ".join(logs)
-    if code == _INVALID_BUILD_OPTIONS:
+    if name == "CL_INVALID_BUILD_OPTIONS":
         return InvalidValueError(
             f"clBuildProgram refused the build options {options.decode(errors='replace')!r} "
             f"on {names} (CL_INVALID_BUILD_OPTIONS):\n{build_log}",
@@ -535,14 +531,10 @@ def build_logs(program: Any, devices: Sequence[cl.Device]) -> dict[str, str]:
     return logs
 
 
-def _code_of(exc: BaseException) -> int | None:
-    """The OpenCL error code of a ``pyopencl.Error`` (``None`` where it carries none)."""
-    try:
-        code = exc.code  # type: ignore[attr-defined]
-        code = code() if callable(code) else code
-    except Exception:
-        return None
-    return code if isinstance(code, int) else None
+def _error_name(exc: BaseException) -> str | None:
+    """The ``CL_...`` name of a driver error's code (``None`` where it carries none)."""
+    code = cl_error_code(exc)
+    return None if code is None else cl_error_name(code)
 
 
 def _nbytes(obj: Any) -> int:
