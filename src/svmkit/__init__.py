@@ -24,7 +24,7 @@ from svmkit.arrays import (
     zeros,
     zeros_like,
 )
-from svmkit.capabilities import Capabilities, capabilities, create_context
+from svmkit.capabilities import Capabilities, capabilities, create_context, default_context
 from svmkit.errors import (
     BuildError,
     CopyOverlapError,
@@ -46,11 +46,13 @@ from svmkit.resources import (
     Allocation,
     LimitingAdaptor,
     MemoryResource,
+    NumpyAllocator,
     PoolResource,
     StatisticsAdaptor,
     SVMResource,
     TrackingAdaptor,
     current_resource,
+    numpy_allocator,
     set_current_resource,
     use_resource,
 )
@@ -71,6 +73,7 @@ __all__ = [
     "LimitingAdaptor",
     "MapStateError",
     "MemoryResource",
+    "NumpyAllocator",
     "OutOfMemoryError",
     "Policy",
     "Pool",
@@ -94,6 +97,7 @@ __all__ = [
     "create_context",
     "current_resource",
     "debug_enabled",
+    "default_context",
     "empty",
     "empty_like",
     "fill",
@@ -102,6 +106,7 @@ __all__ = [
     "launch",
     "mapped",
     "migrate",
+    "numpy_allocator",
     "ones",
     "persistent_grid",
     "record",

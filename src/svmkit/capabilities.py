@@ -339,6 +339,36 @@ def create_context(*, device_type: Any = None) -> cl.Context:
         ) from exc
 
 
+
+_default_context: cl.Context | None = None
+_default_context_lock = threading.Lock()
+
+
+def default_context() -> cl.Context:
+    """The process's default context: made once by :func:`create_context` on first use
+    (after a fork, anew in the child).  Unpickled SVMArrays and ``sk.numpy_allocator()``
+    use it."""
+    global _default_context
+    context = _default_context
+    if context is not None:
+        return context
+    with _default_context_lock:
+        if _default_context is None:
+            _default_context = create_context()
+        return _default_context
+
+
+def _forget_default_context() -> None:
+    """In a forked child: the parent's context is not this process's."""
+    global _default_context, _default_context_lock
+    if _default_context is not None:
+        fork.keep(_default_context)
+    _default_context = None
+    _default_context_lock = threading.Lock()  # (a thread of the parent may have held it)
+
+
+fork.in_child(_forget_default_context)
+
 def _selected_context(spec: str) -> cl.Context:
     """The context ``PYOPENCL_CTX=spec`` selects (PyOpenCL's own rules), on devices whose
     compiler works; else :class:`~svmkit.UnsupportedError` listing what exists."""

@@ -17,24 +17,9 @@ from svmkit.policy import Policy
 if TYPE_CHECKING:
     from svmkit.arrays.array import SVMArray
 
-__all__ = ["default_context", "rebuild", "reduce"]
+__all__ = ["rebuild", "reduce"]
 
 log = logging.getLogger(__name__)
-
-_context: cl.Context | None = None
-_context_lock = threading.Lock()
-
-
-def default_context() -> cl.Context:
-    """The process's default context (``sk.create_context()``, made once)."""
-    global _context
-    with _context_lock:
-        if _context is None:
-            from svmkit.capabilities import create_context
-
-            _context = create_context()
-        return _context
-
 
 def reduce(a: SVMArray) -> tuple[Any, ...]:
     """``a.__reduce__()``: the data (a NumPy copy) and the policy."""
@@ -45,6 +30,8 @@ def rebuild(data: np.ndarray[Any, Any], policy: Policy) -> SVMArray:
     """Unpickle: an SVMArray in the default context, under ``policy`` where every device
     supports it (else the best policy there, logged)."""
     from svmkit.arrays.creation import asarray
+
+    from svmkit.capabilities import default_context
 
     ctx = default_context()
     try:

@@ -31,18 +31,15 @@
  * every fast path checks that its cache was created in the current process generation and
  * otherwise defers to Python, which raises.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
-#include <pythread.h>
+#include "_cpool.h"
 
-static unsigned long generation = 0; /* bumped in a forked child (next_generation) */
+unsigned long generation = 0; /* bumped in a forked child (next_generation) */
 
-static PyObject *str_free;      /* "_free": Allocation's Python free (every other case) */
-static PyObject *str_finalize;  /* "_finalize": Allocation's Python finaliser */
-static PyObject *str_allocate;  /* "_allocate_slow": the pool's Python allocate */
-static PyObject *str_release;   /* "_release_block": the pool's Python release upstream */
-static PyObject *str_ptr, *str_nbytes, *str_u8, *str_context, *str_policy;
+PyObject *str_free;      /* "_free": Allocation's Python free (every other case) */
+PyObject *str_finalize;  /* "_finalize": Allocation's Python finaliser */
+PyObject *str_allocate;  /* "_allocate_slow": the pool's Python allocate */
+PyObject *str_release;   /* "_release_block": the pool's Python release upstream */
+PyObject *str_ptr, *str_nbytes, *str_u8, *str_context, *str_policy;
 
 /* ---------------------------------------------------------------- size classes -------- */
 
@@ -64,7 +61,7 @@ bit_length(unsigned long long x)
 }
 
 /* The class (>= 1) whose blocks hold n bytes (1 <= n <= MAX_REQUEST). */
-static Py_ssize_t
+Py_ssize_t
 size_class(Py_ssize_t n)
 {
     if (n <= SMALL_CLASSES * GRANULE)
@@ -76,7 +73,7 @@ size_class(Py_ssize_t n)
 }
 
 /* Bytes in every block of class cls (>= 1). */
-static Py_ssize_t
+Py_ssize_t
 class_size(Py_ssize_t cls)
 {
     if (cls <= SMALL_CLASSES)
@@ -114,13 +111,8 @@ py_class_size(PyObject *mod, PyObject *arg)
 
 /* ---------------------------------------------------------------- counters ------------ */
 
-typedef struct {
-    PyObject_HEAD
-    Py_ssize_t current_bytes, peak_bytes, total_bytes;
-    Py_ssize_t current_allocations, peak_allocations, total_allocations;
-} Counters;
 
-static void
+void
 counters_taken(Counters *c, Py_ssize_t n)
 {
     c->current_bytes += n;
@@ -133,7 +125,7 @@ counters_taken(Counters *c, Py_ssize_t n)
     c->total_allocations += 1;
 }
 
-static void
+void
 counters_returned(Counters *c, Py_ssize_t n)
 {
     c->current_bytes -= n;
@@ -200,19 +192,7 @@ static PyTypeObject CountersType = {
 
 /* ---------------------------------------------------------------- Block --------------- */
 
-typedef struct {
-    PyObject_HEAD
-    Py_ssize_t cls;         /* size class; 0: too large to pool (never cached) */
-    Py_ssize_t size;        /* bytes of the upstream allocation */
-    PyObject *ptr;          /* its address (an int) */
-    PyObject *upstream;     /* the upstream Allocation */
-    PyObject *u8;           /* uint8 NumPy view of every byte */
-    PyObject *last_u8;      /* uint8 view of the first last_nbytes bytes */
-    Py_ssize_t last_nbytes;
-    PyObject *memo;         /* per-block cache that outlives each hand-out (typed views) */
-} Block;
 
-static PyTypeObject BlockType;
 
 static int
 Block_init(Block *self, PyObject *args, PyObject *kw)
@@ -248,7 +228,7 @@ Block_init(Block *self, PyObject *args, PyObject *kw)
 }
 
 /* A uint8 view of the block's first n bytes (cached for repeats); a new reference. */
-static PyObject *
+PyObject *
 block_bytes_for(Block *self, Py_ssize_t n)
 {
     if (self->last_nbytes != n) {
@@ -329,7 +309,7 @@ static PyMemberDef Block_members[] = {
      "per-block cache that outlives each hand-out (the array layer's typed views)"},
     {NULL}};
 
-static PyTypeObject BlockType = {
+PyTypeObject BlockType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "svmkit.resources._cpool.Block",
     .tp_basicsize = sizeof(Block),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
@@ -346,42 +326,14 @@ static PyTypeObject BlockType = {
 
 /* ---------------------------------------------------------------- BlockCache ---------- */
 
-typedef struct {
-    Block **items;
-    Py_ssize_t n, cap;
-    Py_ssize_t pending; /* blocks of this class waiting for events (listed in Python) */
-} Stack;
 
-#define LOOKAHEAD 4 /* a request may take a block up to 4 classes larger (~25 % more) */
 
-typedef struct {
-    PyObject_HEAD
-    PyThread_type_lock lock;
-    Stack *ready;            /* ready[cls] for classes 1 .. nclasses - 1 */
-    Py_ssize_t nclasses;
-    Py_ssize_t ready_bytes, ready_blocks, pending_bytes;
-    Py_ssize_t max_cached;   /* -1: no limit */
-    Py_ssize_t max_alloc;    /* largest request served here */
-    unsigned long generation;
-    Counters *counts;
-    PyObject *owner_ref;     /* weak reference to the pool (records' resource) */
-    PyObject *record_type;   /* svmkit.Allocation */
-    PyObject *context, *policy;
-    PyObject *weakreflist;
-} BlockCache;
 
 static PyTypeObject BlockCacheType;
-static PyTypeObject RecordType;
-
-/* Whether class cls is pooled here (has a ready list). */
-static inline int
-cache_pools(BlockCache *self, Py_ssize_t cls)
-{
-    return cls >= 1 && cls < self->nclasses;
-}
 
 
-static void
+
+void
 cache_lock(BlockCache *self)
 {
     if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
@@ -391,7 +343,7 @@ cache_lock(BlockCache *self)
     }
 }
 
-static void
+void
 cache_unlock(BlockCache *self)
 {
     PyThread_release_lock(self->lock);
@@ -399,7 +351,7 @@ cache_unlock(BlockCache *self)
 
 /* Push a block (stealing the reference) on class cls's ready list; -1 on no memory.  Never
  * runs Python code (PyMem_Realloc does not collect), so it may run under the lock. */
-static int
+int
 cache_push_ready(BlockCache *self, Block *block)
 {
     if (!cache_pools(self, block->cls))
@@ -457,7 +409,7 @@ cache_best_fit(BlockCache *self, Py_ssize_t cls, Py_ssize_t start, Py_ssize_t *p
 }
 
 /* The pool (a new reference), or NULL once it is gone. */
-static PyObject *
+PyObject *
 cache_owner(BlockCache *self)
 {
     if (!self->owner_ref)
@@ -486,9 +438,6 @@ cache_usable(BlockCache *self)
     return 1;
 }
 
-/* A new Allocation for n bytes of block (stealing the block reference). */
-static PyObject *
-cache_hand_out(BlockCache *self, PyObject *owner, Block *block, PyObject *nbytes, Py_ssize_t n);
 
 static int
 BlockCache_init(BlockCache *self, PyObject *args, PyObject *kw)
@@ -604,7 +553,7 @@ BlockCache_take(BlockCache *self, PyObject *const *args, Py_ssize_t nargs, PyObj
  * and fits under max_cached_bytes: on the ready list when no command may still use it,
  * else counted as pending (the caller lists it with its events before it releases the
  * lock).  1: kept, 0: the caller releases it upstream.  The caller holds the lock. */
-static int
+int
 cache_give_locked(BlockCache *self, Block *block, Py_ssize_t n, int pending)
 {
     counters_returned(self->counts, n);
@@ -927,235 +876,6 @@ static PyTypeObject BlockCacheType = {
     .tp_getset = BlockCache_getset,
 };
 
-/* ---------------------------------------------------------------- Record -------------- */
-
-typedef struct {
-    PyObject_HEAD
-    PyObject *resource, *context, *policy, *ptr, *nbytes, *block, *u8, *events, *map_state,
-        *memo, *exports;
-    PyObject *cache; /* the BlockCache that handed it out (free's common case), or NULL */
-    PyObject *weakreflist;
-    char freed;
-} Record;
-
-#define RECORD_FIELDS(X)                                                                       \
-    X(resource) X(context) X(policy) X(ptr) X(nbytes) X(block) X(u8) X(events) X(map_state)    \
-        X(memo) X(exports) X(cache)
-
-static PyObject *
-Record_new(PyTypeObject *type, PyObject *args, PyObject *kw)
-{
-    Record *self = (Record *)type->tp_alloc(type, 0);
-    if (!self)
-        return NULL;
-#define SET_NONE(f) self->f = Py_NewRef(Py_None);
-    RECORD_FIELDS(SET_NONE)
-#undef SET_NONE
-    Py_CLEAR(self->cache);
-    self->freed = 0;
-    return (PyObject *)self;
-}
-
-static PyObject *
-cache_hand_out(BlockCache *self, PyObject *owner, Block *block, PyObject *nbytes, Py_ssize_t n)
-{
-    Record *rec = (Record *)((PyTypeObject *)self->record_type)
-                      ->tp_alloc((PyTypeObject *)self->record_type, 0);
-    if (!rec) {
-        /* The block goes back to the ready list; the allocation never happened. */
-        /* The allocation never happened: the block goes back to the ready list, or (an
-         * unpooled block) upstream through the pool. */
-        cache_lock(self);
-        counters_returned(self->counts, n);
-        int listed = cache_push_ready(self, block) == 0;
-        cache_unlock(self);
-        if (!listed) {
-#if PY_VERSION_HEX >= 0x030C0000
-            PyObject *exc = PyErr_GetRaisedException();
-#else
-            PyObject *type, *value, *tb;
-            PyErr_Fetch(&type, &value, &tb);
-#endif
-            PyObject *r = PyObject_CallMethodOneArg(owner, str_release, (PyObject *)block);
-            if (!r)
-                PyErr_WriteUnraisable(owner);
-            Py_XDECREF(r);
-            Py_DECREF(block); /* outside the lock: a last reference runs finalisers */
-#if PY_VERSION_HEX >= 0x030C0000
-            PyErr_SetRaisedException(exc);
-#else
-            PyErr_Restore(type, value, tb);
-#endif
-        }
-        return NULL;
-    }
-    rec->resource = Py_NewRef(owner);
-    rec->context = Py_NewRef(self->context);
-    rec->policy = Py_NewRef(self->policy);
-    rec->ptr = Py_NewRef(block->ptr);
-    rec->nbytes = Py_NewRef(nbytes);
-    rec->block = (PyObject *)block; /* the reference moves */
-    rec->u8 = NULL; /* made on first use (the `u8` getter) */
-    rec->events = Py_NewRef(Py_None);
-    rec->map_state = Py_NewRef(Py_None);
-    rec->memo = Py_NewRef(block->memo);
-    rec->exports = Py_NewRef(Py_None);
-    rec->cache = Py_NewRef((PyObject *)self);
-    rec->freed = 0;
-    return (PyObject *)rec;
-}
-
-/* free(): the common case here, every other case in Allocation._free (Python). */
-static PyObject *
-Record_free(Record *self, PyObject *unused)
-{
-    if (self->freed)
-        Py_RETURN_NONE;
-    BlockCache *cache = (BlockCache *)self->cache;
-    PyObject *owner = cache ? cache_owner(cache) : NULL;
-    Py_XDECREF(owner); /* (compared only: the record's own reference keeps its resource) */
-    if (cache && owner && cache->counts && cache->generation == generation &&
-        self->exports == Py_None && self->map_state == Py_None && self->events == Py_None &&
-        self->resource == owner && self->block &&
-        Py_IS_TYPE(self->block, &BlockType) && self->nbytes && PyLong_CheckExact(self->nbytes)) {
-        Py_ssize_t n = PyLong_AsSsize_t(self->nbytes);
-        if (n > 0) {
-            /* Nothing exported (so no export may release it later), no open map, no
-             * recorded command: the block is ready for reuse at once. */
-            self->freed = 1;
-            Block *block = (Block *)self->block;
-            cache_lock(cache);
-            int kept = cache_give_locked(cache, block, n, 0);
-            cache_unlock(cache);
-            if (kept)
-                Py_RETURN_NONE;
-            return PyObject_CallMethodOneArg(self->resource, str_release, (PyObject *)block);
-        }
-        PyErr_Clear();
-    }
-    return PyObject_CallMethodNoArgs((PyObject *)self, str_free);
-}
-
-static void
-Record_finalize(PyObject *obj)
-{
-    if (((Record *)obj)->freed || Py_IS_TYPE(obj, &RecordType))
-        return; /* (a bare Record has no resource to give memory back to) */
-#if PY_VERSION_HEX >= 0x030C0000
-    PyObject *exc = PyErr_GetRaisedException();
-#else
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-#endif
-    PyObject *result = PyObject_CallMethodNoArgs(obj, str_finalize);
-    if (!result)
-        PyErr_WriteUnraisable(obj);
-    Py_XDECREF(result);
-#if PY_VERSION_HEX >= 0x030C0000
-    PyErr_SetRaisedException(exc);
-#else
-    PyErr_Restore(type, value, tb);
-#endif
-}
-
-static int
-Record_traverse(Record *self, visitproc visit, void *arg)
-{
-#define VISIT(f) Py_VISIT(self->f);
-    RECORD_FIELDS(VISIT)
-#undef VISIT
-    return 0;
-}
-
-static int
-Record_clear(Record *self)
-{
-#define CLEAR(f) Py_CLEAR(self->f);
-    RECORD_FIELDS(CLEAR)
-#undef CLEAR
-    return 0;
-}
-
-static void
-Record_dealloc(Record *self)
-{
-    /* (a Python subclass's instances are finalised by CPython's subtype_dealloc first) */
-    PyObject_GC_UnTrack(self);
-    if (self->weakreflist)
-        PyObject_ClearWeakRefs((PyObject *)self);
-    Record_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyMethodDef Record_methods[] = {
-    {"free", (PyCFunction)Record_free, METH_NOARGS,
-     "Give the memory back to its resource after recorded commands finish; idempotent.\n\n"
-     "The allocation is freed at once (svmkit refuses every later use); its memory goes\n"
-     "back only once the last export of it is gone (svmkit.resources.exports)."},
-    {NULL}};
-
-static PyMemberDef Record_members[] = {
-    {"resource", T_OBJECT, offsetof(Record, resource), 0,
-     "the outermost resource that handed it out and takes it back"},
-    {"context", T_OBJECT, offsetof(Record, context), 0, NULL},
-    {"policy", T_OBJECT, offsetof(Record, policy), 0, NULL},
-    {"ptr", T_OBJECT, offsetof(Record, ptr), 0, "address of the first byte"},
-    {"nbytes", T_OBJECT, offsetof(Record, nbytes), 0, "bytes asked for"},
-    {"block", T_OBJECT, offsetof(Record, block), 0, "the resource's own bookkeeping"},
-    {"_events", T_OBJECT, offsetof(Record, events), 0, "EventRecord, or None"},
-    {"map_state", T_OBJECT, offsetof(Record, map_state), 0, "MapState, or None"},
-    {"memo", T_OBJECT, offsetof(Record, memo), 0, "per-block cache, or None"},
-    {"exports", T_OBJECT, offsetof(Record, exports), 0, "ExportRecord, or None"},
-    {"freed", T_BOOL, offsetof(Record, freed), 0, "whether free() ran"},
-    {NULL}};
-
-/* A pooled record's byte view is made on first use: most hand-outs never need it. */
-static PyObject *
-Record_get_u8(Record *self, void *closure)
-{
-    if (!self->u8) {
-        if (!self->block || !PyObject_TypeCheck(self->block, &BlockType) || !self->nbytes) {
-            PyErr_SetString(PyExc_AttributeError, "u8");
-            return NULL;
-        }
-        Py_ssize_t n = PyLong_AsSsize_t(self->nbytes);
-        if (n == -1 && PyErr_Occurred())
-            return NULL;
-        self->u8 = block_bytes_for((Block *)self->block, n);
-        if (!self->u8)
-            return NULL;
-    }
-    return Py_NewRef(self->u8);
-}
-
-static int
-Record_set_u8(Record *self, PyObject *value, void *closure)
-{
-    Py_XINCREF(value);
-    Py_XSETREF(self->u8, value);
-    return 0;
-}
-
-static PyGetSetDef Record_getset[] = {
-    {"u8", (getter)Record_get_u8, (setter)Record_set_u8, "uint8 NumPy view of the bytes", NULL},
-    {NULL}};
-
-static PyTypeObject RecordType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "svmkit.resources._cpool.Record",
-    .tp_basicsize = sizeof(Record),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The storage of svmkit.Allocation (subclassed there) and free()'s common case.",
-    .tp_new = Record_new,
-    .tp_dealloc = (destructor)Record_dealloc,
-    .tp_traverse = (traverseproc)Record_traverse,
-    .tp_clear = (inquiry)Record_clear,
-    .tp_finalize = Record_finalize,
-    .tp_weaklistoffset = offsetof(Record, weakreflist),
-    .tp_methods = Record_methods,
-    .tp_members = Record_members,
-    .tp_getset = Record_getset,
-};
-
 /* ---------------------------------------------------------------- module -------------- */
 
 static PyObject *
@@ -1200,9 +920,15 @@ PyInit__cpool(void)
     if (PyType_Ready(&CountersType) < 0 || PyType_Ready(&BlockType) < 0 ||
         PyType_Ready(&BlockCacheType) < 0 || PyType_Ready(&RecordType) < 0)
         return NULL;
+    if (numpy_handler_init() < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m)
         return NULL;
+    if (PyModule_AddFunctions(m, numpy_handler_methods) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddObjectRef(m, "AllocationCounters", (PyObject *)&CountersType) < 0 ||
         PyModule_AddObjectRef(m, "Block", (PyObject *)&BlockType) < 0 ||
         PyModule_AddObjectRef(m, "BlockCache", (PyObject *)&BlockCacheType) < 0 ||

@@ -106,6 +106,15 @@ class Allocation(Record):
         record = self._events
         return record.take() if record else []
 
+    def wait_recorded(self) -> None:
+        """Wait until the commands recorded on this allocation completed (NumPy's realloc
+        of an allocator-made array copies its bytes only then)."""
+        record = self._events
+        if record:
+            from svmkit.events.record import wait_pending
+
+            wait_pending(record.pending())
+
     def _free(self) -> None:
         """``free()`` in every case its C common case does not cover (see :meth:`free`)."""
         if self.freed:

@@ -21,6 +21,7 @@ from svmkit.driver import fork
 from svmkit.driver.per_context import PerContext
 from svmkit.errors import InvalidValueError
 from svmkit.policy import Policy
+from svmkit.resources._cpool import resources_changed
 from svmkit.resources.base import MemoryResource
 from svmkit.resources.debug import DebugAdaptor, debug_enabled
 from svmkit.resources.pool import PoolResource
@@ -31,6 +32,9 @@ __all__ = ["current_resource", "set_current_resource", "use_resource"]
 _selected: contextvars.ContextVar[tuple[MemoryResource, ...]] = contextvars.ContextVar(
     "svmkit_resources", default=()
 )
+selected_resources = _selected
+"""The resources :func:`use_resource` selected here, innermost last (read by the NumPy
+allocator's C handler, which looks the current resource up again when it changes)."""
 _defaults: PerContext[dict[Policy, MemoryResource]] = PerContext(lambda _ctx: {})
 """Each context's defaults by policy (the dicts change in place under ``_defaults_lock``)."""
 _defaults_lock = threading.Lock()
@@ -77,6 +81,7 @@ def set_current_resource(resource: MemoryResource) -> MemoryResource | None:
         per_context = _defaults.get(resource.context)
         previous = per_context.get(resource.policy)
         per_context[resource.policy] = resource
+        resources_changed()  # the NumPy allocator's default handler looks it up again
     return previous
 
 
@@ -101,6 +106,7 @@ def _forget_parent_defaults() -> None:
     for per_context in _defaults.values():
         fork.keep(dict(per_context))
         per_context.clear()
+    resources_changed()
 
 
 fork.in_child(_forget_parent_defaults)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
-import numpy as np
 import pyopencl as cl
 
 from svmkit.capabilities import capabilities, check_context_layout
@@ -15,6 +13,7 @@ from svmkit.driver.per_context import PerContext, canonical_context, check_conte
 from svmkit.errors import OutOfMemoryError
 from svmkit.events import release_after
 from svmkit.policy import Granularity, Policy, check_alignment, check_size
+from svmkit.resources._cpool import system_alloc, system_free
 from svmkit.resources.base import Allocation, MemoryResource
 
 __all__ = ["SVMResource"]
@@ -91,22 +90,37 @@ class SVMResource(MemoryResource):
         return Allocation(self, ptr, nbytes)
 
     def _allocate_system(self, nbytes: int, alignment: int) -> Allocation:
+        """Host memory for SYSTEM SVM, from C (``posix_memalign``, or ``mmap`` madvised for
+        huge pages above 4 MiB), never from NumPy: inside ``sk.numpy_allocator`` NumPy's own
+        allocations come from svmkit, which must not ask NumPy in turn."""
         try:
-            raw = np.empty(nbytes + alignment, np.uint8)
+            ptr = system_alloc(nbytes, alignment)
         except MemoryError as exc:
             raise OutOfMemoryError(
                 f"host allocation of {nbytes} bytes failed", nbytes=nbytes
             ) from exc
-        start = (-raw.ctypes.data) % alignment
-        u8 = raw[start : start + nbytes]
-        return Allocation(self, int(u8.ctypes.data), nbytes, u8=u8, block=raw)
+        return Allocation(self, ptr, nbytes, block=_SystemFree(ptr, nbytes, alignment))
 
     def deallocate(self, allocation: Allocation) -> None:
         """``clSVMFree`` once the allocation's recorded events completed (never blocks)."""
-        if allocation.block is not None:  # SYSTEM: host memory, dropped with the record
-            release_after(allocation.take_events(), _drop(allocation))
+        if allocation.block is not None:  # SYSTEM: host memory, given back by its block
+            release_after(allocation.take_events(), allocation.block)
             return
         release_after(allocation.take_events(), _SVMFree(self.context, self._lock, allocation.ptr))
+
+
+class _SystemFree:
+    """The release of a SYSTEM allocation's host memory (``system_free``), run once."""
+
+    __slots__ = ("alignment", "nbytes", "ptr")
+
+    def __init__(self, ptr: int, nbytes: int, alignment: int) -> None:
+        self.ptr, self.nbytes, self.alignment = ptr, nbytes, alignment
+
+    def __call__(self) -> None:
+        ptr, self.ptr = self.ptr, 0
+        if ptr:
+            system_free(ptr, self.nbytes, self.alignment)
 
 
 class _SVMFree:
@@ -118,9 +132,3 @@ class _SVMFree:
     def __call__(self) -> None:
         with self.lock:
             calls.svm_free(self.context, self.ptr)
-
-
-def _drop(allocation: Allocation) -> Any:
-    """A release that keeps a SYSTEM allocation's host buffer alive until it runs."""
-    block = allocation.block
-    return lambda: block  # the closure holds the buffer; dropping the closure frees it
