@@ -339,7 +339,6 @@ def create_context(*, device_type: Any = None) -> cl.Context:
         ) from exc
 
 
-
 _default_context: cl.Context | None = None
 _default_context_lock = threading.Lock()
 
@@ -368,6 +367,7 @@ def _forget_default_context() -> None:
 
 
 fork.in_child(_forget_default_context)
+
 
 def _selected_context(spec: str) -> cl.Context:
     """The context ``PYOPENCL_CTX=spec`` selects (PyOpenCL's own rules), on devices whose

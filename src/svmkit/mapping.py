@@ -22,6 +22,7 @@ import numpy as np
 import pyopencl as cl
 
 from svmkit.arrays.array import SVMArray
+from svmkit.arrays.numpy_owned import as_operand
 from svmkit.driver import calls
 from svmkit.errors import InvalidValueError
 from svmkit.events import check_wait_for, wait_pending
@@ -94,7 +95,12 @@ def mapped(
     enqueues nothing, only waits.
     """
     if not isinstance(a, SVMArray):
-        raise InvalidValueError(f"mapped() maps an SVMArray, got {type(a).__name__}")
+        a = as_operand(a)
+        if not isinstance(a, SVMArray):
+            raise InvalidValueError(
+                "mapped() maps an SVMArray (or a NumPy array made inside sk.numpy_allocator), "
+                f"got {type(a).__name__}"
+            )
     flags = check_map_mode(mode)
     alloc = a._live()
     queue = check_queue(queue, alloc.context)

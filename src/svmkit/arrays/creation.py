@@ -13,6 +13,7 @@ import pyopencl as cl
 
 from svmkit.arrays.array import SVMArray, array_spec, nbytes_of
 from svmkit.arrays.importing import host_data, is_cl_array, svm_of_cl_array
+from svmkit.arrays.numpy_owned import adopt
 from svmkit.driver import calls
 from svmkit.driver.per_context import PerContext
 from svmkit.driver.queues import default_queue
@@ -216,8 +217,14 @@ def asarray(
     ``obj`` may be anything NumPy reads (buffer protocol, ``__array__``, sequences), a
     DLPack producer (a CPU ``torch.Tensor``; one on another device is copied through the
     host if it offers a CPU copy, else ``BufferError``) or a ``pyopencl.array.Array``
-    (zero-copy when ``SVMArray.to_cl_array`` made it).
+    (zero-copy when ``SVMArray.to_cl_array`` made it).  A NumPy array that
+    ``sk.numpy_allocator`` made in ``ctx`` (or a view of one) is wrapped without a copy: the
+    SVMArray holds the ndarray, and its ``free()`` ends svmkit's use only.
     """
+    if isinstance(obj, np.ndarray) and (dtype is None or np.dtype(dtype) == obj.dtype):
+        same = adopt(obj)  # NumPy's array in svmkit memory (sk.numpy_allocator): no copy
+        if same is not None and same.context == ctx:
+            obj = same
     if not isinstance(obj, (SVMArray, np.ndarray)) and is_cl_array(obj):
         same = svm_of_cl_array(ctx, obj)
         if same is not None:

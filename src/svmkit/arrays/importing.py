@@ -15,9 +15,10 @@ import numpy as np
 import pyopencl as cl
 
 from svmkit.arrays.array import SVMArray
+from svmkit.arrays.numpy_owned import adopt
 from svmkit.resources.exports import HostOwner
 
-__all__ = ["host_data", "is_cl_array", "svm_of_cl_array"]
+__all__ = ["adopt", "host_data", "is_cl_array", "svm_of_cl_array"]
 
 
 def is_cl_array(obj: Any) -> bool:

@@ -5,11 +5,9 @@ work) and is rebuilt in the receiving process's default context, so Dask's
 from __future__ import annotations
 
 import logging
-import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyopencl as cl
 
 from svmkit.errors import UnsupportedError
 from svmkit.policy import Policy
@@ -21,6 +19,7 @@ __all__ = ["rebuild", "reduce"]
 
 log = logging.getLogger(__name__)
 
+
 def reduce(a: SVMArray) -> tuple[Any, ...]:
     """``a.__reduce__()``: the data (a NumPy copy) and the policy."""
     return rebuild, (a.get(), a.policy)
@@ -30,7 +29,6 @@ def rebuild(data: np.ndarray[Any, Any], policy: Policy) -> SVMArray:
     """Unpickle: an SVMArray in the default context, under ``policy`` where every device
     supports it (else the best policy there, logged)."""
     from svmkit.arrays.creation import asarray
-
     from svmkit.capabilities import default_context
 
     ctx = default_context()

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
-from svmkit.arrays.array import SVMArray
+from svmkit.arrays.array import SVMArray, byte_extent
+from svmkit.arrays.numpy_owned import allocation_of
 from svmkit.driver import calls
-from svmkit.errors import InvalidValueError
+from svmkit.errors import InvalidContextError, InvalidValueError
 from svmkit.events.record import WaitFor, wait_list
 from svmkit.ops.placeholder import placeholder
 from svmkit.policy import Granularity
@@ -56,11 +57,14 @@ def launch(
         (see :mod:`svmkit.ops.placeholder`: NVIDIA's OpenCL refuses NULL there).  An object with
         ``kernel_arg`` and ``svm_pointers`` attributes (a :class:`~svmkit.WorkQueue`)
         passes as ``kernel_arg`` and has its ``svm_pointers`` registered.  Anything else
-        passes to PyOpenCL unchanged, but for a NumPy array of host memory (``ndim >=
-        1``), which no device can address: ``InvalidValueError``.
+        passes to PyOpenCL unchanged, but for a NumPy array (``ndim >= 1``): one that
+        ``sk.numpy_allocator`` made (or a view of one) passes as an SVM pointer and gets
+        the event recorded on its allocation; one in other host memory, which no device
+        can address, is an ``InvalidValueError``.
     uses:
-        SVMArrays (or work queues) the kernel reaches only through pointers stored in SVM;
-        registered with ``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS)``.  That list
+        SVMArrays, allocator-made NumPy arrays (or work queues) the kernel reaches only
+        through pointers stored in SVM; registered with
+        ``clSetKernelExecInfo(CL_KERNEL_EXEC_INFO_SVM_PTRS)``.  That list
         takes only ``clSVMAlloc`` memory; for SYSTEM arrays (arguments or ``uses``) the
         kernel gets ``CL_KERNEL_EXEC_INFO_SVM_FINE_GRAIN_SYSTEM`` instead, the spec's way
         to say it may follow pointers into system allocations.
@@ -70,7 +74,8 @@ def launch(
     InvalidContextError
         Kernel, queue, array or event of another context.
     InvalidValueError
-        A NumPy array in host memory as an argument (pass an SVMArray: ``sk.asarray``).
+        A NumPy array in host memory that is not svmkit's as an argument (pass an SVMArray:
+        ``sk.asarray``, or allocate it inside ``sk.numpy_allocator``).
     MapStateError
         An array argument or ``uses`` entry overlaps a mapped coarse-grain region; each
         counts as written unless its policy's access is ``READ_ONLY``.
@@ -119,7 +124,12 @@ def launch(
         elif isinstance(arg, _PLAIN_BASES):
             _plain_types.add(type(arg))  # (next time one set lookup decides)
         elif isinstance(arg, np.ndarray) and arg.ndim:
-            raise _host_array_argument(i, arg)
+            alloc = _numpy_argument(i, arg, context)  # memory of sk.numpy_allocator's
+            allocs.append(alloc)
+            call_args = call_args or list(args)
+            call_args[i] = _svm_pointer(arg, alloc)
+            if alloc.policy.granularity is _SYSTEM:
+                system = True
         elif hasattr(arg, "kernel_arg") and hasattr(arg, "svm_pointers"):
             call_args = call_args or list(args)
             call_args[i] = arg.kernel_arg
@@ -133,12 +143,20 @@ def launch(
                 pointers.append(alloc.ptr + used._offset)
             elif alloc.policy.granularity is _SYSTEM:
                 system = True
+        elif isinstance(used, np.ndarray) and used.ndim:
+            alloc = _numpy_argument(-1, used, context)
+            allocs.append(alloc)
+            if _listable(alloc):
+                pointers.append(int(used.__array_interface__["data"][0]))
+            elif alloc.policy.granularity is _SYSTEM:
+                system = True
         elif hasattr(used, "svm_pointers"):
             pointers.extend(used.svm_pointers)
             others.append(used)
         else:
             raise InvalidValueError(
-                f"uses= takes SVMArrays (or work queues), got {type(used).__name__}"
+                f"uses= takes SVMArrays, NumPy arrays made inside sk.numpy_allocator (or work "
+                f"queues), got {type(used).__name__}"
             )
     if pointers or getattr(kernel, "_svmkit_svm_ptrs", False):
         _register_svm_pointers(kernel, pointers, context)
@@ -173,15 +191,41 @@ _plain_types: set[type] = set()
 """The exact types seen to be :data:`_PLAIN_BASES` (a cache of that ``isinstance`` test)."""
 
 
-def _host_array_argument(index: int, arg: np.ndarray[Any, Any]) -> InvalidValueError:
-    """The error for a NumPy array of host memory given as a kernel argument: a kernel
-    reaches memory through SVM pointers (or buffers), and PyOpenCL would pass the array's
-    bytes by value (``CL_INVALID_ARG_SIZE``)."""
-    return InvalidValueError(
-        f"kernel argument {index} is a NumPy array (shape {arg.shape}, dtype {arg.dtype}) in "
-        "host memory, which the device cannot address; copy it into SVM with "
-        "sk.asarray(ctx, array) and pass that SVMArray"
-    )
+def _numpy_argument(index: int, arg: np.ndarray[Any, Any], context: cl.Context) -> Allocation:
+    """The svmkit allocation behind a NumPy array given as a kernel argument (``index``;
+    -1: a ``uses`` entry): made inside ``sk.numpy_allocator``, of ``context``.
+
+    Raises
+    ------
+    InvalidValueError
+        The array's memory is not svmkit's: a kernel reaches memory through SVM pointers,
+        and PyOpenCL would pass the array's bytes by value (``CL_INVALID_ARG_SIZE``).
+    InvalidContextError
+        Its allocation belongs to another context.
+    """
+    alloc = allocation_of(arg)
+    what = "a `uses` entry" if index < 0 else f"kernel argument {index}"
+    if alloc is None:
+        raise InvalidValueError(
+            f"{what} is a NumPy array (shape {arg.shape}, dtype {arg.dtype}) in host memory, "
+            "which the device cannot address; copy it into SVM with sk.asarray(ctx, array), "
+            "or create it inside `with sk.numpy_allocator():` so that NumPy allocates it in SVM"
+        )
+    if alloc.context is not context and alloc.context != context:
+        raise InvalidContextError(
+            f"{what} is a NumPy array in SVM of another context ({alloc!r}); copy it with "
+            "sk.asarray(ctx, array)"
+        )
+    return alloc
+
+
+def _svm_pointer(arg: np.ndarray[Any, Any], alloc: Allocation) -> cl.SVM:
+    """PyOpenCL's SVM pointer to element 0 of ``arg`` (a strided view: from element 0 to
+    the end of the bytes it touches, as :class:`SVMArray` does)."""
+    if arg.flags.c_contiguous or arg.flags.f_contiguous:
+        return calls.svm_pointer(arg)
+    first = int(arg.__array_interface__["data"][0]) - alloc.ptr
+    return calls.svm_pointer(alloc.u8[first : byte_extent(arg)[1] - alloc.ptr])
 
 
 def _listable(alloc: Allocation) -> bool:

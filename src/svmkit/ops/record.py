@@ -12,6 +12,7 @@ from typing import Any
 import pyopencl as cl
 
 from svmkit.arrays.array import SVMArray
+from svmkit.arrays.numpy_owned import as_operand
 from svmkit.errors import InvalidContextError, InvalidValueError
 from svmkit.resources.base import Allocation, record_event
 
@@ -43,9 +44,12 @@ def record(event: cl.Event, *arrays: SVMArray) -> None:
     context: Any = None
     for index, array in enumerate(arrays):
         if not isinstance(array, SVMArray):
-            raise InvalidValueError(
-                f"record() records on SVMArrays; array {index} is {type(array).__name__}"
-            )
+            array = as_operand(array)
+            if not isinstance(array, SVMArray):
+                raise InvalidValueError(
+                    "record() records on SVMArrays (or NumPy arrays made inside "
+                    f"sk.numpy_allocator); array {index} is {type(array).__name__}"
+                )
         alloc = array._live()
         if context is None:
             context = event.context

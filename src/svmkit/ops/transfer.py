@@ -19,6 +19,7 @@ import numpy as np
 import pyopencl as cl
 
 from svmkit.arrays.array import SVMArray
+from svmkit.arrays.numpy_owned import as_operand
 from svmkit.capabilities import capabilities
 from svmkit.driver import calls
 from svmkit.errors import InvalidValueError, UnsupportedError
@@ -81,7 +82,12 @@ def fill(
     spans exactly its own bytes.  Does not block.
     """
     if not isinstance(dst, SVMArray):
-        raise InvalidValueError(f"fill destination must be an SVMArray, got {type(dst).__name__}")
+        dst = as_operand(dst)
+        if not isinstance(dst, SVMArray):
+            raise InvalidValueError(
+                "fill destination must be an SVMArray (or a NumPy array made inside "
+                f"sk.numpy_allocator), got {type(dst).__name__}"
+            )
     alloc = dst._live()
     context = alloc.context
     queue = check_queue(queue, context)
@@ -149,6 +155,10 @@ def copy(
         An event of ``wait_for`` failed, whatever the size
         (``CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST``).
     """
+    if not isinstance(dst, SVMArray):
+        dst = as_operand(dst)  # (an allocator-made ndarray is SVM, not plain host memory)
+    if not isinstance(src, SVMArray):
+        src = as_operand(src)
     context = _context_of(dst, src, queue)
     queue = check_queue(queue, context)
     wait = wait_list(context, wait_for) if wait_for is not None else None
@@ -253,7 +263,9 @@ def migrate(
         An event of ``wait_for`` failed, whatever the size
         (``CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST``).
     """
-    items = [arrays] if isinstance(arrays, SVMArray) else list(arrays)
+    if isinstance(arrays, np.ndarray):
+        arrays = as_operand(arrays)
+    items = [arrays] if isinstance(arrays, SVMArray) else [as_operand(a) for a in arrays]
     if not items:
         raise InvalidValueError(
             "migrate() needs at least one array (spec: CL_INVALID_VALUE "
@@ -262,7 +274,10 @@ def migrate(
     flags = check_migrate_to(to, content_undefined)
     first = items[0]
     if not isinstance(first, SVMArray):
-        raise InvalidValueError(f"migrate() takes SVMArrays, got {type(first).__name__}")
+        raise InvalidValueError(
+            f"migrate() takes SVMArrays (or NumPy arrays made inside sk.numpy_allocator), got "
+            f"{type(first).__name__}"
+        )
     context = first._alloc.context
     queue = check_queue(queue, context)
     wait = wait_list(context, wait_for) if wait_for is not None else None
@@ -275,7 +290,10 @@ def migrate(
     allocs = []
     for a in items:
         if not isinstance(a, SVMArray):
-            raise InvalidValueError(f"migrate() takes SVMArrays, got {type(a).__name__}")
+            raise InvalidValueError(
+                f"migrate() takes SVMArrays (or NumPy arrays made inside sk.numpy_allocator), "
+                f"got {type(a).__name__}"
+            )
         alloc = a._use(context, False, "an array to migrate", "migrate()")
         if alloc.policy.granularity is Granularity.SYSTEM:
             raise InvalidValueError(
