@@ -132,7 +132,7 @@ def test_record_checks_its_arguments(ctx, queue, other_ctx, foreign_event):
     with pytest.raises(sk.InvalidValueError):
         sk.record("not an event", a)
     with pytest.raises(sk.InvalidValueError):
-        sk.record(marker, np.zeros(4))  # type: ignore[arg-type]
+        sk.record(marker, np.zeros(4))
     with pytest.raises(sk.InvalidContextError):
         sk.record(foreign_event, a)
     other = sk.zeros(other_ctx, 4, np.float32)

@@ -374,7 +374,7 @@ def test_migrate_contexts_and_types(queue, other_ctx, foreign_event):
         "CL_INVALID_CONTEXT",
         lambda: sk.migrate(queue, [a], wait_for=[foreign_event]),
     )
-    _raises(sk.InvalidValueError, "CL_INVALID_VALUE", lambda: sk.migrate(queue, [np.zeros(4)]))  # type: ignore[list-item]
+    _raises(sk.InvalidValueError, "CL_INVALID_VALUE", lambda: sk.migrate(queue, [np.zeros(4)]))
 
 
 # -- use after free ------------------------------------------------------------------------

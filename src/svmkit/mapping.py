@@ -55,7 +55,7 @@ def map_state_of(alloc: Allocation) -> MapState:
 
 def mapped(
     queue: cl.CommandQueue | None,
-    a: SVMArray,
+    a: SVMArray | np.ndarray[Any, Any],
     mode: str = "rw",
     *,
     wait_for: Sequence[cl.Event] | None = None,

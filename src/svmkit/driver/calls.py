@@ -539,9 +539,3 @@ def _error_name(exc: BaseException) -> str | None:
 
 def _nbytes(obj: Any) -> int:
     return int(getattr(obj, "nbytes", 0) or 0)
-
-
-def svm_pointer(host: np.ndarray[Any, Any]) -> cl.SVM:
-    """PyOpenCL's SVM pointer object over ``host``, contiguous memory that is SVM (a
-    kernel argument passed with ``clSetKernelArgSVMPointer``)."""
-    return cl.SVM(host)

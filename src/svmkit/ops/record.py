@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pyopencl as cl
 
 from svmkit.arrays.array import SVMArray
@@ -19,7 +20,7 @@ from svmkit.resources.base import Allocation, record_event
 __all__ = ["record"]
 
 
-def record(event: cl.Event, *arrays: SVMArray) -> None:
+def record(event: cl.Event, *arrays: SVMArray | np.ndarray[Any, Any]) -> None:
     """Record ``event`` on the allocation of each of ``arrays`` (and so of their views).
 
     Every check runs before anything is recorded.

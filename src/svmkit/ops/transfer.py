@@ -53,7 +53,11 @@ def _marker(queue: cl.CommandQueue, wait: list[cl.Event] | None) -> cl.Event:
 
 
 def fill(
-    queue: cl.CommandQueue | None, dst: SVMArray, value: Any, *, wait_for: WaitFor = None
+    queue: cl.CommandQueue | None,
+    dst: SVMArray | np.ndarray[Any, Any],
+    value: Any,
+    *,
+    wait_for: WaitFor = None,
 ) -> cl.Event:
     """Fill ``dst`` with ``value`` (``clEnqueueSVMMemFill``); returns the event.
 
@@ -236,7 +240,7 @@ class _KeepAlive:
 
 def migrate(
     queue: cl.CommandQueue | None,
-    arrays: SVMArray | Iterable[SVMArray],
+    arrays: SVMArray | np.ndarray[Any, Any] | Iterable[SVMArray | np.ndarray[Any, Any]],
     *,
     to: str = "device",
     content_undefined: bool = False,
