@@ -25,7 +25,9 @@ Profiles (``SVMKIT_FUZZ_PROFILE``): ``quick`` (default, deterministic, a few sec
 from __future__ import annotations
 
 import gc
+import io
 import os
+import threading
 import weakref
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -991,3 +993,217 @@ class SVMMachine(RuleBasedStateMachine):
 
 SVMMachine.TestCase.settings = settings.get_profile(PROFILE)
 TestSVMMachine = SVMMachine.TestCase
+
+
+# -- NumPy's own arrays in svmkit memory (sk.numpy_allocator) ------------------------------
+
+NUMPY_KERNELS = sk.build_program(
+    CTX,
+    """
+__kernel void add_k(__global int *x, int k) { x[get_global_id(0)] += k; }
+""",
+)
+HOST_POLICY = next(
+    (p for name, p in POLICIES if name == "system"),
+    next((p for name, p in POLICIES if name == "fine"), None),
+)
+
+
+def _numpy_made(kind: str, n: int, seed: int) -> np.ndarray:
+    """An int32 array of ``n`` elements that NumPy builds by way of ``kind`` (each way takes
+    another path through the data-memory handler: malloc, calloc, realloc)."""
+    rng = np.random.default_rng(seed)
+    values = rng.integers(-1000, 1000, n, dtype=np.int32)
+    if kind == "arange":
+        scaled: np.ndarray = np.arange(n, dtype=np.int32) * np.int32(seed % 7 + 1)
+        return scaled
+    if kind == "zeros":
+        return np.zeros(n, np.int32)
+    if kind == "concatenate":
+        half = n // 2
+        return np.concatenate([values[:half], values[half:]])
+    if kind == "where":
+        return np.where(values > 0, values, -values)
+    if kind == "fancy":
+        return values[rng.permutation(n)]
+    if kind == "fromiter":
+        return np.fromiter((int(v) for v in values), np.int32, count=-1)
+    if kind == "fromstring":
+        return np.fromstring(" ".join(map(str, values)), dtype=np.int32, sep=" ")
+    if kind == "loadtxt":
+        out = np.loadtxt(io.StringIO("\n".join(map(str, values))), dtype=np.int32, ndmin=1)
+        return out
+    if kind == "resize":
+        grown = values[: max(1, n // 3)].copy()
+        grown.resize(n, refcheck=False)  # realloc in place (a copy owns its data)
+        return grown
+    if kind == "np.resize":
+        resized: np.ndarray = np.resize(values, n)
+        return resized
+    raise AssertionError(kind)
+
+
+NUMPY_KINDS = [
+    "arange", "zeros", "concatenate", "where", "fancy", "fromiter", "fromstring", "loadtxt",
+    "resize", "np.resize",
+]  # fmt: skip
+
+
+@dataclass(eq=False)
+class NumpyArray:
+    """An ndarray the machine holds, its expected values, and whether svmkit owns it."""
+
+    array: np.ndarray
+    model: np.ndarray
+    svm: bool
+
+
+class NumpyAllocatorMachine(RuleBasedStateMachine):
+    """Allocator-made ndarrays created inside and outside the block, passed to kernels,
+    freed by NumPy while kernels wait to run, reallocated, made by other threads: every
+    live array holds exactly its model's values, no other array's bytes change, and the
+    pool counts exactly the live arrays NumPy made in it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = sk.StatisticsAdaptor(sk.PoolResource(sk.SVMResource(CTX, HOST_POLICY)))
+        self.allocator = sk.numpy_allocator(self.pool)
+        self.arrays: list[NumpyArray] = []
+        self.gates: list[cl.UserEvent] = []
+
+    def _make(self, kind: str, n: int, seed: int, inside: bool) -> NumpyArray:
+        model = _numpy_made(kind, n, seed)
+        if inside:
+            with self.allocator:
+                array = _numpy_made(kind, n, seed)
+        else:
+            array = _numpy_made(kind, n, seed)
+        assert (_owner(array) is not None) == inside
+        return NumpyArray(array, model, inside)
+
+    @rule(
+        kind=st.sampled_from(NUMPY_KINDS),
+        n=st.integers(1, 5000),
+        seed=st.integers(0, 2**16),
+        inside=st.booleans(),
+    )
+    def make(self, kind: str, n: int, seed: int, inside: bool) -> None:
+        if len(self.arrays) < 16:
+            self.arrays.append(self._make(kind, n, seed, inside))
+
+    @rule(kind=st.sampled_from(NUMPY_KINDS), n=st.integers(1, 3000), seed=st.integers(0, 99))
+    def make_in_a_thread(self, kind: str, n: int, seed: int) -> None:
+        made: list[NumpyArray] = []
+        worker = threading.Thread(target=lambda: made.append(self._make(kind, n, seed, True)))
+        worker.start()
+        worker.join()
+        self.arrays.extend(made[: max(0, 16 - len(self.arrays))])
+
+    @precondition(lambda self: self.arrays)
+    @rule(data=st.data(), k=st.integers(-50, 50), gated=st.booleans(), view=st.booleans())
+    def launch(self, data: st.DataObject, k: int, gated: bool, view: bool) -> None:
+        held = pick(data, self.arrays)
+        lo = data.draw(st.integers(0, held.array.size - 1)) if view else 0
+        target, model = held.array[lo:], held.model[lo:]
+        gate = cl.UserEvent(CTX) if gated else None
+        if gate is not None:
+            self.gates.append(gate)
+        if not held.svm:
+            with pytest.raises(sk.InvalidValueError, match="numpy_allocator"):
+                NUMPY_KERNELS.add_k(QUEUE, target.shape, None, target, np.int32(k))
+            return
+        NUMPY_KERNELS.add_k(
+            QUEUE, target.shape, None, target, np.int32(k), wait_for=[gate] if gate else None
+        )
+        model += k
+
+    @precondition(lambda self: self.arrays)
+    @rule(data=st.data(), n_new=st.integers(1, 4))
+    def free_while_a_kernel_waits(self, data: st.DataObject, n_new: int) -> None:
+        held = pick(data, self.arrays)
+        if not held.svm:
+            return
+        gate = cl.UserEvent(CTX)
+        NUMPY_KERNELS.add_k(QUEUE, held.array.shape, None, held.array, np.int32(1), wait_for=[gate])
+        address, size = held.array.ctypes.data, held.array.size
+        self.arrays.remove(held)
+        del held  # NumPy frees the array: its block must wait for the kernel
+        with self.allocator:
+            newcomers = [np.full(size, 7, np.int32) for _ in range(n_new)]
+        assert address not in {a.ctypes.data for a in newcomers}
+        gate.set_status(cl.command_execution_status.COMPLETE)
+        QUEUE.finish()
+        for a in newcomers:
+            assert (a == 7).all()
+
+    @precondition(lambda self: self.arrays)
+    @rule(data=st.data(), grow=st.integers(1, 4000))
+    def resize_in_place(self, data: st.DataObject, grow: int) -> None:
+        held = pick(data, self.arrays)
+        if not held.array.flags.owndata:
+            return  # (NumPy resizes only an array that owns its data)
+        self._open_gates()
+        new_size = held.array.size + grow
+        if held.svm:
+            with self.allocator:
+                held.array.resize(new_size, refcheck=False)
+        else:
+            held.array.resize(new_size, refcheck=False)
+        held.model = np.concatenate([held.model, np.zeros(grow, np.int32)])
+        assert (_owner(held.array) is not None) == held.svm
+
+    @precondition(lambda self: self.arrays)
+    @rule(data=st.data())
+    def operations(self, data: st.DataObject) -> None:
+        held = pick(data, self.arrays)
+        if not held.svm:
+            return
+        value = data.draw(st.integers(-100, 100))
+        sk.fill(QUEUE, held.array, np.int32(value), wait_for=self.gates or None)
+        held.model[:] = value
+        other = pick(data, self.arrays)
+        if other is not held and other.svm and other.array.size == held.array.size:
+            sk.copy(QUEUE, other.array, held.array)
+            other.model[:] = held.model
+
+    @precondition(lambda self: self.arrays)
+    @rule(data=st.data())
+    def drop(self, data: st.DataObject) -> None:
+        self.arrays.remove(pick(data, self.arrays))
+
+    def _open_gates(self) -> None:
+        for gate in self.gates:
+            gate.set_status(cl.command_execution_status.COMPLETE)
+        self.gates.clear()
+        QUEUE.finish()
+
+    @invariant()
+    def every_array_holds_its_values(self) -> None:
+        self._open_gates()
+        for held in self.arrays:
+            np.testing.assert_array_equal(held.array, held.model)
+
+    @invariant()
+    def the_pool_counts_the_live_arrays(self) -> None:
+        live = [h for h in self.arrays if h.svm]
+        stats = self.pool.stats()
+        assert stats["current_allocations"] == len(live), stats
+        assert stats["current_bytes"] == sum(h.array.nbytes for h in live), stats
+
+    def teardown(self) -> None:
+        self._open_gates()
+        self.arrays.clear()
+        stats = self.pool.stats()
+        assert stats["current_allocations"] == 0 and stats["current_bytes"] == 0, stats
+
+
+def _owner(array: np.ndarray) -> Any:
+    from svmkit.resources import _cpool
+
+    return _cpool.numpy_allocation(array)
+
+
+NumpyAllocatorMachine.TestCase.settings = settings.get_profile(PROFILE)
+TestNumpyAllocatorMachine = pytest.mark.skipif(
+    HOST_POLICY is None, reason="the device has no fine-grain SVM that NumPy could use"
+)(NumpyAllocatorMachine.TestCase)
