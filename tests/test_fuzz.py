@@ -1034,7 +1034,7 @@ def _numpy_made(kind: str, n: int, seed: int) -> np.ndarray:
         out = np.loadtxt(io.StringIO("\n".join(map(str, values))), dtype=np.int32, ndmin=1)
         return out
     if kind == "resize":
-        grown = values[: max(1, n // 3)].copy()
+        grown: np.ndarray = values[: max(1, n // 3)].copy()
         grown.resize(n, refcheck=False)  # realloc in place (a copy owns its data)
         return grown
     if kind == "np.resize":
