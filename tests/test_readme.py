@@ -18,6 +18,12 @@ def _blocks(kind: str) -> list[str]:
     return re.findall(rf"```{kind}\n(.*?)```", README.read_text(), flags=re.S)
 
 
+def caps_fine_or_system(namespace: dict[str, object]) -> bool:
+    """Whether the README's context has SVM NumPy can use without maps."""
+    caps = namespace["sk"].capabilities(namespace["ctx"])  # type: ignore[attr-defined]
+    return bool(caps.fine_grain_buffer or caps.fine_grain_system)
+
+
 @pytest.mark.skipif(not README.is_file(), reason="README.md is not beside the tests")
 def test_readme_python_blocks_run_in_order():
     namespace: dict[str, object] = {"__name__": "__main__"}  # as a script runs
@@ -40,6 +46,13 @@ def test_readme_python_blocks_run_in_order():
     assert "16 pooled allocations" in printed  # two per chunk, from the workers' pools
     assert "[ 49. 225. 529.] 12488.0" in printed  # NumPy on pooled SVM, then a kernel
     assert "1000000.0" in printed and "5.0" in printed  # pyopencl.array reductions
+    if caps_fine_or_system(namespace):
+        assert "[0.    0.    0.    0.    0.327 0.51  0.735 1.   ]" in printed
+        found = re.search(r"(\d+) NumPy arrays in SVM from (\d+) new pool blocks", printed)
+        assert found is not None, printed
+        assert int(found[1]) >= 300 and int(found[2]) <= 4  # temporaries reuse pool blocks
+    else:
+        assert "no fine-grain SVM: NumPy keeps its own memory" in printed
     if namespace["y"].policy.needs_map:  # type: ignore[attr-defined]
         assert "[0. 1. 2. 3.]" in printed
     else:
