@@ -143,21 +143,28 @@ table_remove(uintptr_t key)
 /* ---------------------------------------------------------------- handlers ------------ */
 
 typedef struct {
-    PyObject *allocate;          /* resource.allocate; NULL: the default handler */
-    unsigned long generation;    /* the process generation it was made in */
+    unsigned long generation; /* the process generation it was made in */
 } HandlerState;
 
 static int stopped = 0;          /* after svmkit's exit hook: plain memory only */
 static _Thread_local int depth;  /* > 0: inside a handler call on this thread */
 
-/* The default handler's lookup: the `svmkit_resources` context variable (use_resource) and
- * a version bumped whenever a process-wide default changes (set_current_resource), which
- * together decide the current resource; the Python resolver runs only when either moved. */
+/* Which resource a request draws from.  `resource_var` (a context variable set with NumPy's
+ * handler by sk.numpy_allocator(resource)) names it; None means the default: the current
+ * resource of the default context, decided by the `svmkit_resources` context variable
+ * (use_resource) and a version bumped whenever a process-wide default changes
+ * (set_current_resource); the Python resolver runs only when one of them moved.  Nothing
+ * here keeps a resource alive but the last one used (the context variables hold the
+ * others), so no resource is immortal though NEP 49 handlers are. */
+static PyObject *resource_var = NULL;       /* ContextVar: the resource, or None */
+static PyObject *cached_resource = NULL;    /* the resource of cached_resource_allocate */
+static PyObject *cached_resource_allocate = NULL;
 static PyObject *default_resolver = NULL;   /* () -> resource.allocate */
 static PyObject *selected_var = NULL;       /* the ContextVar of use_resource */
 static PyObject *cached_selected = NULL;    /* its value when cached_allocate was resolved */
 static PyObject *cached_allocate = NULL;
 static unsigned long resources_version = 1, cached_version = 0;
+static PyObject *str_allocate_method;       /* "allocate" */
 
 static int
 finalizing(void)
@@ -177,12 +184,28 @@ plain_only(HandlerState *state)
     return stopped || state->generation != generation || depth > 0 || finalizing();
 }
 
-/* The allocate callable for state (a borrowed reference), or NULL with an error set. */
+/* The allocate callable of the resource a request draws from now (a borrowed reference),
+ * or NULL with an error set. */
 static PyObject *
 allocate_for(HandlerState *state)
 {
-    if (state->allocate)
-        return state->allocate;
+    PyObject *resource = NULL;
+    if (PyContextVar_Get(resource_var, NULL, &resource) < 0)
+        return NULL;
+    if (resource && resource != Py_None) {
+        if (resource != cached_resource || !cached_resource_allocate) {
+            PyObject *allocate = PyObject_GetAttr(resource, str_allocate_method);
+            if (!allocate) {
+                Py_DECREF(resource);
+                return NULL;
+            }
+            Py_XSETREF(cached_resource_allocate, allocate);
+            Py_XSETREF(cached_resource, Py_NewRef(resource));
+        }
+        Py_DECREF(resource);
+        return cached_resource_allocate;
+    }
+    Py_XDECREF(resource);
     PyObject *selected = NULL;
     if (PyContextVar_Get(selected_var, NULL, &selected) < 0)
         return NULL;
@@ -424,14 +447,10 @@ capsule_never_freed(PyObject *capsule)
 static PyObject *capsules = NULL; /* every handler capsule made (kept for the process) */
 
 static PyObject *
-py_numpy_handler(PyObject *mod, PyObject *allocate)
+py_numpy_handler(PyObject *mod, PyObject *unused)
 {
-    if (allocate != Py_None && !PyCallable_Check(allocate)) {
-        PyErr_SetString(PyExc_TypeError, "numpy_handler(allocate): a callable or None");
-        return NULL;
-    }
-    if (allocate == Py_None && (!default_resolver || !selected_var)) {
-        PyErr_SetString(PyExc_RuntimeError, "configure_default() first");
+    if (!default_resolver || !selected_var || !resource_var) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() first");
         return NULL;
     }
     HandlerState *state = PyMem_RawCalloc(1, sizeof(HandlerState));
@@ -441,7 +460,6 @@ py_numpy_handler(PyObject *mod, PyObject *allocate)
         PyMem_RawFree(handler);
         return PyErr_NoMemory();
     }
-    state->allocate = allocate == Py_None ? NULL : Py_NewRef(allocate);
     state->generation = generation;
     strncpy(handler->name, HANDLER_NAME, sizeof(handler->name) - 1);
     handler->version = 1;
@@ -471,17 +489,21 @@ py_get_numpy_handler(PyObject *mod, PyObject *unused)
 }
 
 static PyObject *
-py_configure_default(PyObject *mod, PyObject *args)
+py_configure(PyObject *mod, PyObject *args)
 {
-    PyObject *resolver, *var;
-    if (!PyArg_ParseTuple(args, "OO:configure_default", &resolver, &var))
+    PyObject *resolver, *selected, *resource;
+    if (!PyArg_ParseTuple(args, "OOO:configure", &resolver, &selected, &resource))
         return NULL;
-    if (!PyCallable_Check(resolver) || !PyContextVar_CheckExact(var)) {
-        PyErr_SetString(PyExc_TypeError, "configure_default(resolver, contextvar)");
+    if (!PyCallable_Check(resolver) || !PyContextVar_CheckExact(selected) ||
+        !PyContextVar_CheckExact(resource)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "configure(resolver, selected_resources, numpy_resource): a callable "
+                        "and two ContextVars");
         return NULL;
     }
     Py_XSETREF(default_resolver, Py_NewRef(resolver));
-    Py_XSETREF(selected_var, Py_NewRef(var));
+    Py_XSETREF(selected_var, Py_NewRef(selected));
+    Py_XSETREF(resource_var, Py_NewRef(resource));
     resources_version++;
     Py_RETURN_NONE;
 }
@@ -592,18 +614,19 @@ py_system_free(PyObject *mod, PyObject *args)
 }
 
 PyMethodDef numpy_handler_methods[] = {
-    {"numpy_handler", py_numpy_handler, METH_O,
-     "numpy_handler(allocate): a new NEP 49 handler capsule whose arrays are allocations of "
-     "allocate(nbytes) (None: the default handler, the current resource looked up at each "
-     "allocation); immortal."},
+    {"numpy_handler", py_numpy_handler, METH_NOARGS,
+     "numpy_handler(): a new NEP 49 handler capsule (immortal) whose arrays are allocations "
+     "of the resource the numpy_resource context variable names, or of the default "
+     "context's current resource when it names none."},
     {"set_numpy_handler", py_set_numpy_handler, METH_O,
      "set_numpy_handler(capsule or None): NumPy's PyDataMem_SetHandler in the current "
      "context; returns the handler that was set."},
     {"get_numpy_handler", py_get_numpy_handler, METH_NOARGS,
      "NumPy's PyDataMem_GetHandler(): the current context's handler capsule."},
-    {"configure_default", py_configure_default, METH_VARARGS,
-     "configure_default(resolver, contextvar): the default handler calls resolver() for "
-     "the current resource's allocate whenever contextvar's value or the defaults changed."},
+    {"configure", py_configure, METH_VARARGS,
+     "configure(resolver, selected_resources, numpy_resource): the resource a request draws "
+     "from is numpy_resource's value, else the one resolver() names (called again whenever "
+     "selected_resources' value or the process-wide defaults changed)."},
     {"resources_changed", py_resources_changed, METH_NOARGS,
      "A process-wide default resource changed: the default handler looks it up again."},
     {"stop_numpy_handlers", py_stop_numpy_handlers, METH_NOARGS,
@@ -628,7 +651,8 @@ numpy_handler_init(void)
         return -1;
     capsules = PyList_New(0);
     str_wait_recorded = PyUnicode_InternFromString("wait_recorded");
-    return capsules && str_wait_recorded ? 0 : -1;
+    str_allocate_method = PyUnicode_InternFromString("allocate");
+    return capsules && str_wait_recorded && str_allocate_method ? 0 : -1;
 }
 
 #pragma GCC visibility pop

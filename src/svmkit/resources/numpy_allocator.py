@@ -5,15 +5,20 @@ itself, SciPy, pandas...) own an allocation of a svmkit resource, so the result 
 unchanged NumPy function passes straight to a kernel.  NumPy keeps the handler in a context
 variable (NEP 49: "Memory management in NumPy"), so other threads and tasks are untouched,
 and each array keeps the handler that made it: it is freed by the resource that made it,
-whenever NumPy frees it, after the work svmkit recorded on it.
+whenever NumPy frees it, after the work svmkit recorded on it.  One handler serves every
+resource: which resource a request draws from is a context variable set together with
+NumPy's handler.  A resource given to ``sk.numpy_allocator`` stays alive for the process
+(NEP 49 handlers are immortal); svmkit's own uses (:func:`allocating_from`, NumPy's
+surface on SVMArrays) keep theirs only as long as their arrays and their ``with`` blocks.
 
 The handler itself is C (``svmkit.resources._cpool``, ``_numpy_handler.c``); this module
-validates resources, makes one immortal handler per resource, and enters and leaves it.
+validates resources and enters and leaves the handler with its resource.
 """
 
 from __future__ import annotations
 
 import contextvars
+import os
 import threading
 from types import TracebackType
 from typing import Any
@@ -27,12 +32,20 @@ from svmkit.resources import _cpool
 from svmkit.resources.base import MemoryResource
 from svmkit.resources.current import current_resource, selected_resources
 
-__all__ = ["NumpyAllocator", "host_policy", "numpy_allocator"]
+__all__ = ["NumpyAllocator", "allocating_from", "host_policy", "numpy_allocator"]
 
-_handlers: dict[int, tuple[MemoryResource | None, Any]] = {}
-"""Every handler made, by ``id`` of its resource (0: the default), with the resource kept
-alive for the process (NEP 49 handlers are immortal)."""
-_handlers_lock = threading.Lock()
+_numpy_resource: contextvars.ContextVar[MemoryResource | None] = contextvars.ContextVar(
+    "svmkit_numpy_resource", default=None
+)
+"""The resource NumPy's arrays come from while the handler is set (None: the default
+context's current resource); set and reset together with NumPy's handler."""
+_given: list[MemoryResource] = []
+"""Every resource given to ``sk.numpy_allocator``: alive for the process, as the contract
+says (NEP 49 handlers are immortal, and so is what a user handed to one)."""
+_handler_lock = threading.Lock()
+_capsule: tuple[int, Any] | None = None
+"""The NEP 49 handler capsule and the process it was made in (one handler serves every
+resource: which one is a context variable, so no resource lives longer than its use)."""
 
 
 def host_policy(ctx: cl.Context) -> Policy:
@@ -64,18 +77,17 @@ def _default_allocate() -> Any:
     return current_resource(ctx, host_policy(ctx)).allocate
 
 
-_cpool.configure_default(_default_allocate, selected_resources)
+_cpool.configure(_default_allocate, selected_resources, _numpy_resource)
 
 
-def _handler(resource: MemoryResource | None) -> Any:
-    """The (immortal) handler capsule of ``resource`` (``None``: the default)."""
-    key = 0 if resource is None else id(resource)
-    with _handlers_lock:
-        entry = _handlers.get(key)
-        if entry is None:
-            allocate = None if resource is None else resource.allocate
-            entry = _handlers[key] = (resource, _cpool.numpy_handler(allocate))
-        return entry[1]
+def _handler() -> Any:
+    """svmkit's (immortal) NEP 49 handler capsule of this process (a forked child makes its
+    own: the parent's serves plain memory there)."""
+    global _capsule
+    with _handler_lock:
+        if _capsule is None or _capsule[0] != os.getpid():
+            _capsule = (os.getpid(), _cpool.numpy_handler())
+        return _capsule[1]
 
 
 class NumpyAllocator:
@@ -86,7 +98,7 @@ class NumpyAllocator:
     variable, as NumPy's handler does).
     """
 
-    def __init__(self, resource: MemoryResource | None = None) -> None:
+    def __init__(self, resource: MemoryResource | None = None, *, immortal: bool = True) -> None:
         if resource is None:
             from svmkit.capabilities import default_context
 
@@ -101,14 +113,18 @@ class NumpyAllocator:
                 f"its arrays without maps); {resource!r} allocates {resource.policy}"
             )
         self.resource = resource
-        self._capsule = _handler(resource)
-        self._saved: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(
-            "svmkit_numpy_allocator_saved", default=()
+        if immortal and resource is not None:
+            with _handler_lock:
+                if not any(r is resource for r in _given):
+                    _given.append(resource)
+        self._saved: contextvars.ContextVar[tuple[tuple[Any, Any], ...]] = (
+            contextvars.ContextVar("svmkit_numpy_allocator_saved", default=())
         )
 
     def __enter__(self) -> NumpyAllocator:
-        previous = _cpool.set_numpy_handler(self._capsule)
-        self._saved.set((*self._saved.get(), previous))
+        token = _numpy_resource.set(self.resource)
+        previous = _cpool.set_numpy_handler(_handler())
+        self._saved.set((*self._saved.get(), (previous, token)))
         return self
 
     def __exit__(
@@ -121,12 +137,15 @@ class NumpyAllocator:
         if not saved:
             raise InvalidValueError("sk.numpy_allocator: __exit__ without a matching __enter__")
         self._saved.set(saved[:-1])
-        _cpool.set_numpy_handler(saved[-1])
+        previous, token = saved[-1]
+        _cpool.set_numpy_handler(previous)
+        _numpy_resource.reset(token)
 
     def install(self) -> None:
         """Make this the handler for the rest of the current context (tasks and threads
         started from it copy it, as context variables do)."""
-        _cpool.set_numpy_handler(self._capsule)
+        _numpy_resource.set(self.resource)
+        _cpool.set_numpy_handler(_handler())
 
     def __repr__(self) -> str:
         what = "the default context's current resource" if self.resource is None else self.resource
@@ -145,6 +164,12 @@ def numpy_allocator(resource: MemoryResource | None = None) -> NumpyAllocator:
         ``resource`` is None and the default context has no FINE or SYSTEM SVM.
     """
     return NumpyAllocator(resource)
+
+
+def allocating_from(resource: MemoryResource) -> NumpyAllocator:
+    """``sk.numpy_allocator(resource)`` for svmkit's own use (NumPy's surface on SVMArrays):
+    the same handler, without keeping ``resource`` alive for the process."""
+    return NumpyAllocator(resource, immortal=False)
 
 
 at_shutdown(_cpool.stop_numpy_handlers)
