@@ -99,11 +99,13 @@ def test_reductions_and_methods(pool):
     assert a.tolist() == data.tolist()
 
 
-def test_numpy_functions_outside_ufuncs_return_numpy_arrays(pool):
+def test_numpy_functions_outside_ufuncs_return_svm_arrays(pool):
     a = pool.asarray(np.arange(3))
     joined = np.concatenate([a, a])
-    assert type(joined) is np.ndarray and joined.tolist() == [0, 1, 2, 0, 1, 2]
-    assert type(np.where(a > 0, a, -1)) is np.ndarray
+    assert isinstance(joined, sk.SVMArray) and joined.host.tolist() == [0, 1, 2, 0, 1, 2]
+    picked = np.where(a > 0, a, -1)
+    assert isinstance(picked, sk.SVMArray) and picked.host.tolist() == [-1, 1, 2]
+    assert picked.policy == a.policy and pool.owns(picked.allocation)
 
 
 def test_comparisons_are_elementwise_so_arrays_are_unhashable(pool):

@@ -17,7 +17,7 @@ import pyopencl as cl
 from svmkit.arrays.array import SVMArray
 from svmkit.resources.exports import HostOwner
 
-__all__ = ["host_data", "is_cl_array", "svm_of_cl_array"]
+__all__ = ["adopt", "host_data", "is_cl_array", "svm_of_cl_array"]
 
 
 def is_cl_array(obj: Any) -> bool:
@@ -61,3 +61,9 @@ def host_data(obj: Any, dtype: Any) -> np.ndarray[Any, Any]:
             host = np.from_dlpack(obj)
         return host if dtype is None else host.astype(dtype, copy=False)
     return np.asarray(obj, dtype=dtype)
+
+
+def adopt(nd: np.ndarray[Any, Any]) -> SVMArray | None:
+    """A zero-copy SVMArray over ``nd`` when an svmkit NumPy allocator made its memory,
+    else None (placeholder: no svmkit allocator exists yet, so always None)."""
+    return None
