@@ -431,21 +431,6 @@ def test_out_arguments_write_the_given_svm_array(pool):
     assert np.concatenate([a[0], a[1]], out=pool.zeros(8)).host.tolist() == list(range(1, 9))
 
 
-def test_work_recorded_on_an_operand_is_waited_for_by_methods_and_functions(ctx, queue, pool):
-    a = pool.zeros(256, np.int32)
-    prg = sk.build_program(
-        ctx,
-        "__kernel void slow(__global int *p, int n) {"
-        " int i = get_global_id(0); int v = 0;"
-        " for (int k = 0; k < n; k++) v += (k & 1); p[i] = v + i; }",
-    )
-    sk.launch(queue, prg.slow, (256,), None, a, np.int32(200_000))
-    assert a.max() == 100_255  # after the kernel, never before
-    sk.launch(queue, prg.slow, (256,), None, a, np.int32(100_000))
-    joined: Any = np.concatenate([a[:2], a[-1:]])
-    assert joined.host.tolist() == [50_000, 50_001, 50_255]
-
-
 # -- repr, print ----------------------------------------------------------------------------
 
 

@@ -147,11 +147,15 @@ class Operands:
         if t is list or t is tuple:
             return t(self.take(v, reads, writes) for v in value)
         if isinstance(value, _svm_array_type()):
-            view = operand(value, reads, writes)
-            self.arrays.append(value)
-            self.views.append(view)
-            return view
+            return self.array(value, reads, writes)
         return value
+
+    def array(self, a: SVMArray, reads: bool = True, writes: bool = False) -> Any:
+        """:meth:`take` of an SVMArray."""
+        view = operand(a, reads, writes)
+        self.arrays.append(a)
+        self.views.append(view)
+        return view
 
     def take_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Keyword arguments for NumPy: ``out=`` is written, the others are read."""
@@ -345,18 +349,18 @@ def inplace(ufunc: np.ufunc, a: SVMArray, other: Any) -> SVMArray:
 
 def array_ufunc(a: SVMArray, ufunc: np.ufunc, method: str, inputs: Any, kwargs: Any) -> Any:
     """``SVMArray.__array_ufunc__``: compute with NumPy on the operands' memory."""
-    for v in inputs:
-        if (
-            hasattr(v, "__array_ufunc__")
-            and not isinstance(v, (np.ndarray, np.generic))
-            and not isinstance(v, type(a))
-        ):
-            return NotImplemented  # another array type: let it (or NumPy) decide
+    svm = type(a)
     ops = Operands()
-    if method == "at":  # ufunc.at(a, indices, ...) writes its first operand in place
-        args = [ops.take(inputs[0], True, True), *ops.take(tuple(inputs[1:]))]
-    else:
-        args = list(ops.take(tuple(inputs)))
+    args: list[Any] = []
+    for v in inputs:
+        if isinstance(v, svm):
+            args.append(ops.array(v))
+        elif hasattr(v, "__array_ufunc__") and not isinstance(v, (np.ndarray, np.generic)):
+            return NotImplemented  # another array type: let it (or NumPy) decide
+        else:
+            args.append(ops.take(v))
+    if method == "at" and ops.views and args[0] is ops.views[0]:
+        operand(ops.arrays[0], True, True)  # ufunc.at(a, ...) writes its first operand
     out = kwargs.get("out")
     if out is not None:
         kwargs["out"] = ops.take(tuple(out), False, True)
