@@ -257,8 +257,9 @@ def test_advanced_indexing_copies_like_numpy(ctx):
     if a.policy.needs_map:
         pytest.skip("the host may not read coarse memory outside a map")
     picked = a[[1, 3, 5]]
-    assert isinstance(picked, np.ndarray) and picked.tolist() == [2, 6, 10]
-    assert a[a.get() > 15].tolist() == [16, 18]
+    assert isinstance(picked, sk.SVMArray) and picked.host.tolist() == [2, 6, 10]
+    assert picked.ptr != a.ptr and picked.policy == a.policy
+    assert a[a.get() > 15].host.tolist() == [16, 18]
 
 
 def test_repr_does_not_touch_memory(ctx):

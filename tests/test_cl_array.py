@@ -259,11 +259,12 @@ def test_cl_allocator_rejects_bad_arguments(ctx, other_ctx):
         sk.cl_allocator(cl.CommandQueue(ctx), sk.Pool(other_ctx))
 
 
-def test_to_device_of_an_svm_array_is_a_type_error_naming_to_cl_array(ctx, queue, policy):
+def test_to_device_of_an_svm_array_is_a_type_error(ctx, queue, policy):
+    # An SVMArray has NumPy's flags (its whole ndarray surface) but no buffer protocol
+    # (PyOpenCL's SVM type offers none), which PyOpenCL's host-to-device copy needs.
     a = sk.asarray(ctx, np.arange(4, dtype=np.float32), policy=policy)
-    with pytest.raises(TypeError, match=r"a\.to_cl_array\(queue\)") as err:
+    assert a.flags.c_contiguous and a.flags.forc
+    with pytest.raises(TypeError, match="bytes-like"):
         cla.to_device(queue, a)
-    assert "a.get()" in str(err.value)
-    assert not hasattr(a, "flags")  # duck typing still sees no NumPy array
     assert a.to_cl_array(queue).get().tolist() == [0, 1, 2, 3]  # the ways it names work
     assert cla.to_device(queue, a.get()).get().tolist() == [0, 1, 2, 3]

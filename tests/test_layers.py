@@ -47,12 +47,9 @@ LAYERS = [
 ]
 
 # The one sanctioned way up (DESIGN.md): methods of this class, in this module, whose body
-# is an import from the interop layer and one ``return`` ...
+# is an import from the interop layer and one ``return``.
 PROTOCOL_CLASS = ("svmkit.arrays.array", "SVMArray")
 PROTOCOL_TARGET = "svmkit.interop"
-# ... and the operators' cached import of the NumPy protocol module (an import statement
-# per operator call would cost about half a microsecond).
-PROTOCOL_HELPERS = {("svmkit.arrays.array", "_numpy_protocol")}
 
 # Methods whose call reaches the driver, whatever object they are called on.
 DRIVER_METHODS = {
@@ -250,9 +247,8 @@ def scan_source(module: str, source: str) -> Scan:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
             name = getattr(node, "name", "<lambda>")
             inner = (*scope, name)
-            helper = (module, name) in PROTOCOL_HELPERS and not scope
             for sub in ast.iter_child_nodes(node):
-                visit(sub, inner, True, delegation or helper)
+                visit(sub, inner, True, delegation)
             return
         for sub in ast.iter_child_nodes(node):
             visit(sub, scope, in_function, delegation)
@@ -338,7 +334,7 @@ def test_the_protocol_delegations_are_seen_and_sanctioned():
     # The walk reaches the method bodies: SVMArray's delegations import upward, sanctioned.
     scan = _scans()["svmkit.arrays.array"]
     sanctioned = {imp.scope[-1] for imp in scan.imports if imp.sanctioned}
-    assert {"__dlpack__", "__reduce__", "to_cl_array", "__array__", "_numpy_protocol"} <= sanctioned
+    assert {"__dlpack__", "__reduce__", "to_cl_array", "__array__"} <= sanctioned
 
 
 def test_no_import_circle():
@@ -538,10 +534,6 @@ def test_checker_sanctions_only_the_one_line_protocol_delegations():
                 from svmkit.workqueue import WorkQueue
 
                 return WorkQueue
-
-        def _numpy_protocol():
-            from svmkit.interop import numpy_protocol
-            return numpy_protocol
     """
     found = _up("svmkit.arrays.array", source)
     # the delegation to interop is sanctioned; a delegation to another layer is not
@@ -550,4 +542,4 @@ def test_checker_sanctions_only_the_one_line_protocol_delegations():
         "svmkit.workqueue.WorkQueue",
     ]
     # the same method in another module has no sanction
-    assert len(_up("svmkit.resources.pool", source)) == 2 + 2 + 2
+    assert len(_up("svmkit.resources.pool", source)) == 2 + 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+from typing import Any
 
 import numpy as np
 import pyopencl as cl
@@ -99,11 +100,13 @@ def test_reductions_and_methods(pool):
     assert a.tolist() == data.tolist()
 
 
-def test_numpy_functions_outside_ufuncs_return_numpy_arrays(pool):
+def test_numpy_functions_outside_ufuncs_return_svm_arrays(pool):
     a = pool.asarray(np.arange(3))
     joined = np.concatenate([a, a])
-    assert type(joined) is np.ndarray and joined.tolist() == [0, 1, 2, 0, 1, 2]
-    assert type(np.where(a > 0, a, -1)) is np.ndarray
+    assert isinstance(joined, sk.SVMArray) and joined.host.tolist() == [0, 1, 2, 0, 1, 2]
+    picked = np.where(a > 0, a, -1)
+    assert isinstance(picked, sk.SVMArray) and picked.host.tolist() == [-1, 1, 2]
+    assert picked.policy == a.policy and pool.owns(picked.allocation)
 
 
 def test_comparisons_are_elementwise_so_arrays_are_unhashable(pool):
@@ -128,6 +131,11 @@ def test_work_recorded_on_an_operand_is_waited_for(ctx, queue, pool):
     )
     sk.launch(queue, prg.slow, (256,), None, a, np.int32(200_000))
     assert (a + 0).host.tolist() == [100_000] * 256  # after the kernel, never before
+    sk.launch(queue, prg.slow, (256,), None, a, np.int32(100_000))
+    assert a.max() == 50_000  # methods wait too ...
+    sk.launch(queue, prg.slow, (256,), None, a, np.int32(60_000))
+    both: Any = np.concatenate([a[:1], a[-1:]])  # (NumPy's stubs type it ndarray)
+    assert both.host.tolist() == [30_000] * 2  # ... and functions
 
 
 def test_launch_uses_and_kernels_accept_unhashable_arrays(ctx, queue, pool):

@@ -12,6 +12,7 @@ from svmkit.driver.icd_vendors import register_wheel_drivers
 
 register_wheel_drivers()  # before any OpenCL call: the ICD loader reads it once
 
+import svmkit.interop.numpy_surface  # noqa: F401  (installs NumPy's ndarray surface)
 from svmkit._version import __version__
 from svmkit.arrays import (
     Pool,

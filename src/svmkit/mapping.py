@@ -102,7 +102,7 @@ def mapped(
                 f"got {type(a).__name__}"
             )
     flags = check_map_mode(mode)
-    alloc = a._live()
+    alloc = a.live()
     queue = check_queue(queue, alloc.context)
     return Mapping(
         queue, a, flags, check_wait_for(alloc.context, wait_for) if wait_for is not None else []
@@ -130,12 +130,12 @@ class Mapping:
                 "this mapped() block is already open; call mapped() again to nest another map"
             )
         a = self._array
-        alloc = a._live()
+        alloc = a.live()
         if self._wait:
             check_wait_status(self._wait, "mapped()")
         needs_map = alloc.policy.needs_map
         # FINE/SYSTEM: an export (it keeps the memory alive); COARSE: valid in the block only
-        view = a._view if needs_map else a.host
+        view = a.unchecked_view if needs_map else a.host
         if self._flags == _READ:
             view = view.view()
             view.flags.writeable = False
@@ -144,7 +144,7 @@ class Mapping:
             wait_pending((record.pending() if record is not None else []) + self._wait)
             self._open = True
             return view
-        lo, hi = a._span()
+        lo, hi = a.byte_range()
         flags = self._flags
         writes = flags != _READ
         state = map_state_of(alloc)
@@ -163,7 +163,7 @@ class Mapping:
             # The array itself is an SVM pointer object over exactly [lo, hi) when it is
             # contiguous: no new pointer object on the common path.
             a = self._array
-            own = a if a._contiguous else None
+            own = a if a.contiguous else None
             self._driver_map(state, alloc, lo, hi, writes, self._flags, wait, own)
         elif current.start <= lo and hi <= current.stop and (current.writes or not writes):
             wait_pending(wait)  # already mapped: only order after pending work
@@ -203,7 +203,7 @@ class Mapping:
         entry, self._entry = self._entry, None
         if entry is None:
             return
-        alloc = self._array._alloc
+        alloc = self._array.allocation
         state = alloc.map_state
         if state is None:  # cannot happen: the entry was opened on it
             return

@@ -2,7 +2,22 @@
 
 The array is thin (as dpctl's ``usm_ndarray``): shape and dtype come from a NumPy view of
 the allocation's bytes that is created without touching memory; host access, ordering and
-freeing rules are enforced here, operations live in :mod:`svmkit.ops`.
+freeing rules are enforced here, operations live in :mod:`svmkit.ops`, and NumPy's
+``ndarray`` surface (methods, operators, ``__array_function__``, indexing beyond views,
+``repr``) is installed on the class by :mod:`svmkit.interop.numpy_surface`.
+
+Internal interface
+------------------
+svmkit's other modules reach an array only through these (never its slots):
+
+* :attr:`SVMArray.allocation`, :attr:`~SVMArray.offset`, :attr:`~SVMArray.contiguous`,
+  :meth:`~SVMArray.byte_range`: where the bytes are;
+* :attr:`SVMArray.unchecked_view`: the NumPy layout over the memory, for svmkit's own
+  computing (no host-access check, not an export: never handed to users);
+* :meth:`SVMArray.live`, :meth:`~SVMArray.check_host_access`,
+  :meth:`~SVMArray.for_command`, :meth:`~SVMArray.check_command`: the rules;
+* :meth:`SVMArray.from_allocation`, :meth:`~SVMArray.view_of`: new arrays over memory;
+* :meth:`SVMArray.describe`: how errors name the array.
 
 An ``SVMArray`` *is* a ``pyopencl.SVM`` pointer, so PyOpenCL accepts it wherever it takes
 SVM (``knl(queue, gsize, lsize, a)``, ``cl.enqueue_copy``), at the address of element 0.
@@ -13,11 +28,10 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyopencl as cl
-from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from svmkit.driver import calls, fork
 from svmkit.errors import InvalidValueError, MapStateError
@@ -34,6 +48,14 @@ from svmkit.rules import (
     is_contiguous,
     use_after_free,
 )
+
+if TYPE_CHECKING:  # NumPy's surface, installed by svmkit.interop.numpy_surface at import
+    from svmkit.arrays.surface_typing import NDArraySurface
+
+    class _Base(cl.SVM, NDArraySurface):  # type: ignore[misc]
+        pass
+else:
+    _Base = cl.SVM  # (a nanobind type: no second base class at run time)
 
 __all__ = ["SVMArray", "byte_extent"]
 
@@ -55,19 +77,7 @@ def byte_extent(view: np.ndarray[Any, Any]) -> tuple[int, int]:
     return start + lo, start + hi + view.itemsize
 
 
-def _is_basic_key(key: Any) -> bool:
-    """Whether ``key`` is NumPy basic indexing (a view, never a copy)."""
-    items = key if isinstance(key, tuple) else (key,)
-    return all(
-        (isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)))
-        or isinstance(k, slice)
-        or k is None
-        or k is Ellipsis
-        for k in items
-    )
-
-
-class SVMArray(cl.SVM):  # type: ignore[misc]
+class SVMArray(_Base):
     """An N-dimensional array in shared virtual memory.
 
     Build one with :func:`svmkit.empty` and friends, or a pool's constructors.
@@ -81,9 +91,9 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
       coarse-grain buffer only between ``clEnqueueSVMMap`` and ``clEnqueueSVMUnmap``).
     * ``free()`` gives memory back only after every command svmkit recorded on it finished
       and every export of it (host views, DLPack capsules, PyOpenCL arrays) is gone.
-    * NumPy protocol, DLPack, pickling and PyOpenCL arrays: :mod:`svmkit.interop` (the
-      methods below delegate there).  Comparisons are elementwise, so an SVMArray is
-      unhashable (as a NumPy array).
+    * NumPy's ``ndarray`` surface (installed by :mod:`svmkit.interop.numpy_surface`),
+      DLPack, pickling and PyOpenCL arrays: :mod:`svmkit.interop`.  Comparisons are
+      elementwise, so an SVMArray is unhashable (as a NumPy array).
     """
 
     __slots__ = ("_alloc", "_contiguous", "_offset", "_view", "base")
@@ -110,7 +120,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         self.base = base
 
     @classmethod
-    def _wrap(cls, alloc: Allocation, view: np.ndarray[Any, Any]) -> SVMArray:
+    def from_allocation(cls, alloc: Allocation, view: np.ndarray[Any, Any]) -> SVMArray:
         """A new array over the start of ``alloc``; ``view`` must be contiguous and begin at
         ``alloc.ptr`` (the constructors' fast path: no offset or layout computation)."""
         self = cls.__new__(cls)
@@ -153,19 +163,6 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         return self._view.strides
 
     @property
-    def flags(self) -> Any:
-        """Not NumPy's ``flags``: a ``TypeError`` naming ``a.to_cl_array()`` and ``a.get()``.
-
-        ``pyopencl.array.to_device(queue, a)`` copies host arrays (it reads ``.flags``)
-        and would read SVM behind svmkit's back; ``hasattr(a, "flags")`` stays False.
-        """
-        raise _NotAHostArray(
-            f"an {self._describe()} is no NumPy array: for a pyopencl.array.Array over the "
-            "same memory use a.to_cl_array(queue) (zero-copy), for a copy "
-            "pyopencl.array.to_device(queue, a.get())"
-        )
-
-    @property
     def policy(self) -> Policy:
         return self._alloc.policy
 
@@ -193,9 +190,26 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         return self._contiguous
 
     @property
+    def unchecked_view(self) -> np.ndarray[Any, Any]:
+        """The NumPy array giving this array's shape, dtype and strides over its memory,
+        for svmkit's own use: no liveness or host-access check, not an export (it does
+        not keep memory alive), so it is never handed out; callers run the rules first."""
+        return self._view
+
+    def view_of(self, view: np.ndarray[Any, Any]) -> SVMArray:
+        """An SVMArray view (``base`` the root array) over ``view``, a NumPy view of
+        :attr:`unchecked_view` (basic indexing, transposes, reshapes...)."""
+        return SVMArray(self._alloc, view, self.base if self.base is not None else self)
+
+    def __len__(self) -> int:
+        if not self._view.ndim:
+            raise TypeError("len() of a 0-d SVMArray")
+        return int(self._view.shape[0])
+
+    @property
     def ptr(self) -> int:
         """Virtual address of element 0, valid on the host and on every device."""
-        self._live()
+        self.live()
         return self._alloc.ptr + self._offset
 
     # -- what cl.SVM hands out: refused once freed ----------------------------------------
@@ -203,7 +217,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
     def svm_ptr(self) -> int:
         """``pyopencl.SVM.svm_ptr``: the address (:class:`~svmkit.UseAfterFreeError` once
         freed)."""
-        self._live()
+        self.live()
         return int(_SVM_PTR.__get__(self))
 
     @property
@@ -213,7 +227,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         never reaches memory that another array owns.  COARSE: the host may touch it only
         while it is mapped (PyOpenCL's ``map`` reads this view; prefer
         :func:`svmkit.mapped`)."""
-        alloc = self._live()
+        alloc = self.live()
         if alloc.policy.needs_map:
             view: np.ndarray[Any, Any] = self._view.view()
             return view
@@ -222,57 +236,53 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
     @property
     def buf(self) -> Any:
         """``pyopencl.SVMPointer.buf`` (:class:`~svmkit.UseAfterFreeError` once freed)."""
-        self._live()
+        self.live()
         return _SVM_BUF.__get__(self)
 
     def as_buffer(self, *args: Any, **kwargs: Any) -> Any:
         """``pyopencl.SVMPointer.as_buffer``: a ``cl.Buffer`` on the memory, untracked (the
         caller keeps it from outliving ``free()``); :class:`~svmkit.UseAfterFreeError` once
         freed."""
-        self._live()
+        self.live()
         return _SVM_AS_BUFFER(self, *args, **kwargs)
 
     def map(self, *args: Any, **kwargs: Any) -> Any:
         """``pyopencl.SVM.map``, untracked (prefer :func:`svmkit.mapped`);
         :class:`~svmkit.UseAfterFreeError` once freed."""
-        self._live()
+        self.live()
         return _SVM_MAP(self, *args, **kwargs)
 
     def map_ro(self, *args: Any, **kwargs: Any) -> Any:
         """``pyopencl.SVM.map_ro``, untracked (prefer :func:`svmkit.mapped`);
         :class:`~svmkit.UseAfterFreeError` once freed."""
-        self._live()
+        self.live()
         return _SVM_MAP_RO(self, *args, **kwargs)
 
     def map_rw(self, *args: Any, **kwargs: Any) -> Any:
         """``pyopencl.SVM.map_rw``, untracked (prefer :func:`svmkit.mapped`);
         :class:`~svmkit.UseAfterFreeError` once freed."""
-        self._live()
+        self.live()
         return _SVM_MAP_RW(self, *args, **kwargs)
 
     def byte_range(self) -> tuple[int, int]:
-        """``(start, stop)`` offsets into the allocation of every byte this array touches."""
+        """``(start, stop)`` offsets into the allocation of every byte this array touches
+        (O(1) for contiguous arrays)."""
+        if self._contiguous:
+            return self._offset, self._offset + self._view.nbytes
         lo, hi = byte_extent(self._view)
         base = self._alloc.ptr
         return lo - base, hi - base
 
-    def _live(self) -> Allocation:
+    def live(self) -> Allocation:
         """The allocation, or :class:`~svmkit.UseAfterFreeError` once it was freed."""
         alloc = self._alloc
         if alloc.freed:
-            raise use_after_free(self._describe())
+            raise use_after_free(self.describe())
         if fork.forked:
-            fork.check_owned(alloc.context, f"this {self._describe()}")
+            fork.check_owned(alloc.context, f"this {self.describe()}")
         return alloc
 
-    def _span(self) -> tuple[int, int]:
-        """``(start, stop)`` offsets into the allocation of the bytes this array touches
-        (O(1) for contiguous arrays)."""
-        if self._contiguous:
-            return self._offset, self._offset + self._view.nbytes
-        return self.byte_range()
-
-    def _use(
+    def for_command(
         self,
         context: cl.Context,
         writes: bool | None,
@@ -284,7 +294,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         """The allocation, checked for a command of ``context`` on this array's bytes.
 
         The operations' hot path runs the rules in one call, in this order (the order of
-        the errors): live (:meth:`_live`), of the command's context
+        the errors): live (:meth:`live`), of the command's context
         (:func:`~svmkit.rules.check_same_context`, naming the array ``name``), one run of
         bytes if ``contiguous`` (:func:`~svmkit.rules.check_contiguous`), clear of
         conflicting maps (:func:`~svmkit.rules.check_command`, naming the command
@@ -293,7 +303,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         """
         alloc = self._alloc
         if alloc.freed or fork.forked:
-            alloc = self._live()
+            alloc = self.live()
         if alloc.context is not context:
             check_same_context(alloc, context, name)
         if contiguous and not self._contiguous:
@@ -302,18 +312,18 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         if state is not None and state.stop:
             if writes is None:
                 writes = alloc.policy.access is not Access.READ_ONLY
-            self._check_command(alloc, writes, what)
+            self.check_command(alloc, writes, what)
         return alloc
 
-    def _check_command(self, alloc: Allocation, writes: bool, what: str) -> None:
+    def check_command(self, alloc: Allocation, writes: bool, what: str) -> None:
         """The map-state rule for a command on this array's bytes (see
         :func:`svmkit.rules.check_command`)."""
         state = alloc.map_state
         if state is not None and state.stop:
-            lo, hi = self._span()
+            lo, hi = self.byte_range()
             check_command(alloc, lo, hi, writes, what)
 
-    def _describe(self) -> str:
+    def describe(self) -> str:
         """``SVMArray shape=... dtype=...`` (``SVMArray view ...`` for a view), for errors."""
         kind = "SVMArray view" if self.base is not None else "SVMArray"
         return f"{kind} shape={self.shape} dtype={self.dtype}"
@@ -327,7 +337,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         return self._alloc.events.pending()
 
     # -- host access ---------------------------------------------------------------------
-    def _check_host_access(self, reads: bool = False, writes: bool = False) -> bool:
+    def check_host_access(self, reads: bool = False, writes: bool = False) -> bool:
         """The host-access rule, for every way the host touches the memory (``.host``,
         ``np.asarray``, the NumPy protocol, item access); returns whether the host may
         write through a view of it.
@@ -340,15 +350,15 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         view is writable while write maps cover every byte.  Else
         :class:`~svmkit.MapStateError`, naming ``svmkit.mapped`` and the mode.
         """
-        alloc = self._live()
+        alloc = self.live()
         if not alloc.policy.needs_map:
             return True
-        lo, hi = self._span()
+        lo, hi = self.byte_range()
         if lo >= hi:  # a zero-byte array touches no memory (`mapped` registers no map)
             return True
         state = alloc.map_state
         if state is None or not state.covers(lo, hi, reads, writes):
-            raise _host_access_error(self._describe(), reads, writes)
+            raise _host_access_error(self.describe(), reads, writes)
         return writes or state.covers(lo, hi, False, True)
 
     @property
@@ -361,7 +371,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         memory), read-only unless maps for writing cover it (``"w"``, ``"rw"``,
         ``"w_invalidate"``); svmkit cannot stop a write through one kept past the block.
         """
-        writable = self._check_host_access()
+        writable = self.check_host_access()
         if self._alloc.policy.needs_map:
             view: np.ndarray[Any, Any] = self._view.view()
             if not writable:
@@ -374,70 +384,6 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
 
         return array_of(self, dtype, copy)
 
-    def __getitem__(self, key: Any) -> Any:
-        self._live()
-        if not _is_basic_key(key):
-            self._check_host_access(reads=True)
-            return self._view[key]  # advanced indexing copies, as in NumPy
-        items = key if isinstance(key, tuple) else (key,)
-        view = self._view[tuple(items) + (Ellipsis,)]
-        if view.ndim == 0 and not any(k is Ellipsis or k is None for k in items):
-            self._check_host_access(reads=True)
-            return view[()]
-        return SVMArray(self._alloc, view, self.base if self.base is not None else self)
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self._check_host_access(writes=True)
-        self._view[key] = value
-
-    def __len__(self) -> int:
-        if not self._view.ndim:
-            raise TypeError("len() of a 0-d SVMArray")
-        return int(self._view.shape[0])
-
-    def __repr__(self) -> str:
-        state = " freed" if self.freed else ""
-        return (
-            f"<SVMArray shape={self.shape} dtype={self.dtype} {self.policy}{state} "
-            f"at {self._alloc.ptr + self._offset:#x}>"
-        )
-
-    def __iter__(self) -> Any:
-        raise TypeError("iterate over a.get() or a.host: SVMArray does not iterate by element")
-
-    # -- reshaping views -------------------------------------------------------------------
-    def reshape(self, *shape: Any) -> SVMArray:
-        """A view with another shape (NumPy rules; no copy, so the layout must allow it)."""
-        self._live()
-        new_shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        try:
-            view = np.reshape(self._view, new_shape, copy=False)
-        except TypeError:  # NumPy < 2.1 has no copy=; setting .shape never copies
-            view = self._view.view()
-            try:
-                view.shape = new_shape
-            except AttributeError as exc:
-                raise InvalidValueError(
-                    f"cannot reshape {self.shape} to {new_shape} without copying"
-                ) from exc
-        except ValueError as exc:
-            raise InvalidValueError(
-                f"cannot reshape {self.shape} to {new_shape} without copying: {exc}"
-            ) from exc
-        return SVMArray(self._alloc, view, self.base if self.base is not None else self)
-
-    def view(self, dtype: Any) -> SVMArray:
-        """The same bytes seen as another dtype (NumPy's ``ndarray.view`` rules)."""
-        self._live()
-        return SVMArray(
-            self._alloc, self._view.view(dtype), self.base if self.base is not None else self
-        )
-
-    @property
-    def T(self) -> SVMArray:
-        self._live()
-        return SVMArray(self._alloc, self._view.T, self.base if self.base is not None else self)
-
     # -- transfers ------------------------------------------------------------------------
     def get(self, queue: cl.CommandQueue | None = None) -> np.ndarray[Any, Any]:
         """A new NumPy array holding the contents, after all recorded work on the array.
@@ -445,7 +391,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         Blocks until the copy finished.  COARSE arrays are copied with
         ``clEnqueueSVMMemcpy`` (no map), so this works outside ``mapped``.
         """
-        alloc = self._live()
+        alloc = self.live()
         queue = check_queue(queue, alloc.context)  # CL_INVALID_COMMAND_QUEUE / _CONTEXT
         out = np.empty(self.shape, self.dtype)
         if out.size == 0:
@@ -455,7 +401,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
             wait_pending(pending)
             out[...] = self._view
             return out
-        self._check_command(alloc, False, "get()")
+        self.check_command(alloc, False, "get()")
         if self.contiguous:
             target = out if self._view.flags.c_contiguous else np.asfortranarray(out)
             calls.copy_and_wait(queue, target, self, pending)
@@ -472,7 +418,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         Orders itself after all recorded work on the array and returns when the data is in
         SVM (the source may be reused at once).
         """
-        alloc = self._live()
+        alloc = self.live()
         queue = check_queue(queue, alloc.context)  # CL_INVALID_COMMAND_QUEUE / _CONTEXT
         src = np.asarray(ary, dtype=self.dtype)
         try:
@@ -488,7 +434,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
             wait_pending(pending)
             self._view[...] = src
             return
-        self._check_command(alloc, True, "set()")
+        self.check_command(alloc, True, "set()")
         if self._view.flags.c_contiguous:
             # PyOpenCL wraps the source as an SVM pointer, which needs a writable buffer.
             flags = src.flags
@@ -558,7 +504,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         """
         alloc = self._alloc
         if fork.forked:
-            fork.check_owned(alloc.context, f"this {self._describe()}")
+            fork.check_owned(alloc.context, f"this {self.describe()}")
         queue = check_queue(queue, alloc.context)  # CL_INVALID_COMMAND_QUEUE / _CONTEXT
         events = check_wait_for(alloc.context, wait_for)
         if alloc.freed:
@@ -568,7 +514,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         state = alloc.map_state
         if state is not None and state.maps:
             raise MapStateError(
-                f"enqueue_free() of a {self._describe()} while it is mapped on the host: "
+                f"enqueue_free() of a {self.describe()} while it is mapped on the host: "
                 "leave the `mapped` block first (the spec forbids freeing mapped memory "
                 "before it is unmapped)"
             )
@@ -586,104 +532,7 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
     def __exit__(self, *exc: object) -> None:
         self.free()
 
-    # -- interop (svmkit.interop; each method delegates) ------------------------------------
-    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
-        return _numpy_protocol().array_ufunc(self, ufunc, method, inputs, kwargs)
-
-    def __add__(self, other: Any) -> Any:
-        return _numpy_protocol().binary(np.add, self, other)
-
-    def __radd__(self, other: Any) -> Any:
-        return _numpy_protocol().binary(np.add, self, other, True)
-
-    def __sub__(self, other: Any) -> Any:
-        return _numpy_protocol().binary(np.subtract, self, other)
-
-    def __rsub__(self, other: Any) -> Any:
-        return _numpy_protocol().binary(np.subtract, self, other, True)
-
-    def __mul__(self, other: Any) -> Any:
-        return _numpy_protocol().binary(np.multiply, self, other)
-
-    def __rmul__(self, other: Any) -> Any:
-        return _numpy_protocol().binary(np.multiply, self, other, True)
-
-    def __truediv__(self, other: Any) -> Any:
-        return _numpy_protocol().binary(np.true_divide, self, other)
-
-    def __rtruediv__(self, other: Any) -> Any:
-        return _numpy_protocol().binary(np.true_divide, self, other, True)
-
-    def __iadd__(self, other: Any) -> Any:
-        return _numpy_protocol().inplace(np.add, self, other)
-
-    def __isub__(self, other: Any) -> Any:
-        return _numpy_protocol().inplace(np.subtract, self, other)
-
-    def __imul__(self, other: Any) -> Any:
-        return _numpy_protocol().inplace(np.multiply, self, other)
-
-    def __itruediv__(self, other: Any) -> Any:
-        return _numpy_protocol().inplace(np.true_divide, self, other)
-
-    def sum(self, *args: Any, **kwargs: Any) -> Any:
-        """``numpy.ndarray.sum`` on the memory, after recorded work (FINE/SYSTEM)."""
-        from svmkit.interop.numpy_protocol import method
-
-        return method(self, "sum", *args, **kwargs)
-
-    def mean(self, *args: Any, **kwargs: Any) -> Any:
-        """``numpy.ndarray.mean`` on the memory, after recorded work (FINE/SYSTEM)."""
-        from svmkit.interop.numpy_protocol import method
-
-        return method(self, "mean", *args, **kwargs)
-
-    def min(self, *args: Any, **kwargs: Any) -> Any:
-        """``numpy.ndarray.min`` on the memory, after recorded work (FINE/SYSTEM)."""
-        from svmkit.interop.numpy_protocol import method
-
-        return method(self, "min", *args, **kwargs)
-
-    def max(self, *args: Any, **kwargs: Any) -> Any:
-        """``numpy.ndarray.max`` on the memory, after recorded work (FINE/SYSTEM)."""
-        from svmkit.interop.numpy_protocol import method
-
-        return method(self, "max", *args, **kwargs)
-
-    def std(self, *args: Any, **kwargs: Any) -> Any:
-        """``numpy.ndarray.std`` on the memory, after recorded work (FINE/SYSTEM)."""
-        from svmkit.interop.numpy_protocol import method
-
-        return method(self, "std", *args, **kwargs)
-
-    def astype(self, dtype: Any, copy: bool = True) -> SVMArray:
-        """A new SVMArray of ``dtype`` (from the current resource; FINE/SYSTEM)."""
-        from svmkit.interop.numpy_protocol import astype
-
-        return astype(self, dtype, copy)
-
-    def copy(self) -> SVMArray:
-        """A new SVMArray with the same contents, context and policy."""
-        from svmkit.interop.numpy_protocol import copy
-
-        return copy(self)
-
-    def tolist(self) -> Any:
-        """The contents as nested Python lists (after recorded work)."""
-        from svmkit.interop.numpy_protocol import tolist
-
-        return tolist(self)
-
-    def __copy__(self) -> SVMArray:
-        from svmkit.interop.numpy_protocol import copy
-
-        return copy(self)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> SVMArray:
-        from svmkit.interop.numpy_protocol import copy
-
-        return copy(self)
-
+    # -- protocols whose meaning is svmkit's (each delegates to svmkit.interop) ----------
     def __reduce__(self) -> tuple[Any, ...]:
         from svmkit.interop.pickling import reduce
 
@@ -713,21 +562,6 @@ class SVMArray(cl.SVM):  # type: ignore[misc]
         return to_cl_array(self, queue)
 
 
-_protocol: Any = None
-
-
-def _numpy_protocol() -> Any:
-    """:mod:`svmkit.interop.numpy_protocol`, imported on first use (the sanctioned upward
-    import of the protocol methods; kept in a global because an import statement costs
-    about half a microsecond per operator call)."""
-    global _protocol
-    if _protocol is None:
-        from svmkit.interop import numpy_protocol
-
-        _protocol = numpy_protocol
-    return _protocol
-
-
 _SVM_PTR = cl.SVMPointer.svm_ptr
 _SVM_BUF = cl.SVMPointer.buf
 _SVM_AS_BUFFER = cl.SVMPointer.as_buffer
@@ -737,26 +571,8 @@ _SVM_MAP_RW = cl.SVM.map_rw
 """What ``cl.SVM`` offers that hands out memory; SVMArray checks liveness first."""
 
 
-def _adopt_operators(cls: type) -> None:
-    """Give ``cls`` NumPy's ``NDArrayOperatorsMixin`` operators (each calls the ufunc, so
-    ``__array_ufunc__`` decides).  PyOpenCL's ``SVM`` is a nanobind type, which allows no
-    second base class, so the mixin's methods are copied in; those ``cls`` defines itself
-    (the fast paths) stay.  Elementwise ``==`` makes the class unhashable, as in NumPy."""
-    for name, value in vars(NDArrayOperatorsMixin).items():
-        if name.startswith("__") and callable(value) and name not in vars(cls):
-            setattr(cls, name, value)
-    cls.__hash__ = None  # type: ignore[assignment]
-
-
-_adopt_operators(SVMArray)
-
-
-class _NotAHostArray(TypeError, AttributeError):
-    """A ``TypeError`` that ``hasattr`` reads as a missing attribute (see ``SVMArray.flags``)."""
-
-
 def _host_access_error(what: str, reads: bool, writes: bool) -> MapStateError:
-    """The error of :meth:`SVMArray._check_host_access` for ``what`` (an array or view)."""
+    """The error of :meth:`SVMArray.check_host_access` for ``what`` (an array or view)."""
     if reads and writes:
         access, modes = "read and write", '"rw"'
     elif reads:

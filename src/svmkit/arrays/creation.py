@@ -27,7 +27,7 @@ __all__ = ["asarray", "empty", "empty_like", "full", "ones", "zeros", "zeros_lik
 
 _best: PerContext[Policy] = PerContext(Policy.best)
 _MEMO_VIEWS = 8  # typed views cached per pooled block
-_wrap = SVMArray._wrap
+_wrap = SVMArray.from_allocation
 
 
 def best_policy(ctx: cl.Context) -> Policy:
@@ -133,7 +133,7 @@ def fill_with(a: SVMArray, value: Any) -> None:
         return
     item = np.asarray(value, dtype=a.dtype)
     if not a.policy.needs_map:
-        a._view.fill(item)
+        a.unchecked_view.fill(item)
         return
     if item.nbytes in PATTERN_SIZES:
         queue = default_queue(a.context)
@@ -237,7 +237,7 @@ def asarray(
             and (resource is None or resource.owns(obj.allocation))
         )
         if matches:
-            obj._live()
+            obj.live()
             return obj
         obj = obj.get()
     host = obj if type(obj) is np.ndarray and dtype is None else host_data(obj, dtype)

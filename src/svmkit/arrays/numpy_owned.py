@@ -36,23 +36,23 @@ def allocation_of(nd: np.ndarray[Any, Any]) -> Allocation | None:
 
 
 class _Borrowed(MemoryResource):
-    """The resource of an adopted ndarray's allocation: it allocates nothing, and taking
-    the allocation back only lets go of the ndarray (NumPy frees the memory)."""
+    """The resource of an adopted ndarray's allocation: taking the allocation back only
+    lets go of the ndarray (NumPy frees the memory); new allocations (NumPy's results for
+    the adopted array) come from the resource that made the ndarray."""
 
     def __init__(self, owner: Allocation) -> None:
         self.context = owner.context
         self.policy = owner.policy
         self.capabilities = getattr(owner.resource, "capabilities", None)  # type: ignore[assignment]
         self.owner = owner
+        self.lender = owner.resource
 
     def allocate(self, nbytes: int, alignment: int = 0) -> Allocation:
-        raise NotImplementedError("an adopted NumPy array's resource allocates nothing")
+        allocation: Allocation = self.owner.resource.allocate(nbytes, alignment)
+        return allocation
 
     def deallocate(self, allocation: Allocation) -> None:
         allocation.block = None  # the ndarray: NumPy frees it after the recorded work
-
-    def owns(self, allocation: Allocation) -> bool:
-        return allocation.resource is self or self.owner.resource.owns(allocation)
 
     def __repr__(self) -> str:
         return f"NumPy's array over {self.owner!r}"

@@ -49,7 +49,7 @@ def to_cl_array(a: SVMArray, queue: cl.CommandQueue | None = None) -> cla.Array:
     from :func:`cl_allocator` on ``queue``."""
     import pyopencl.array as cla
 
-    alloc = a._live()
+    alloc = a.live()
     queue = check_queue(queue, alloc.context)
     if a.size == 0:
         return cla.Array(queue, a.shape, a.dtype, strides=a.strides)

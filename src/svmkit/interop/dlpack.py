@@ -38,7 +38,7 @@ _CPU = (KDL_CPU, 0)
 def dlpack_device(a: SVMArray) -> tuple[int, int]:
     """``(kDLCPU, 0)`` for FINE and SYSTEM arrays; ``(kDLOpenCL, n)`` for COARSE ones, ``n``
     the index of the array's first device on its platform."""
-    alloc = a._live()
+    alloc = a.live()
     if not alloc.policy.needs_map:
         return _CPU
     device = alloc.context.devices[0]
@@ -53,7 +53,7 @@ def dlpack(
     copy: bool | None,
 ) -> Any:
     """``a.__dlpack__(stream=, max_version=, dl_device=, copy=)`` (see the module doc)."""
-    alloc = a._live()
+    alloc = a.live()
     if stream is not None:
         raise BufferError(
             f"stream={stream!r}: an SVMArray exports as kDLCPU (or a kDLCPU copy), which "
@@ -65,7 +65,7 @@ def dlpack(
             host = a.get()  # after recorded work, through the device
             return host.__dlpack__(max_version=max_version, copy=True)
         raise BufferError(
-            f"a coarse-grain {a._describe()} lives on the device and the host may touch it "
+            f"a coarse-grain {a.describe()} lives on the device and the host may touch it "
             "only while mapped: export the view `with svmkit.mapped(queue, a) as h:` "
             'yields, or ask for a host copy with np.from_dlpack(a, device="cpu")'
         )
@@ -81,7 +81,7 @@ def dlpack(
         if copy:  # a copy has positive strides
             return a.host.copy().__dlpack__(max_version=max_version, copy=True)
         raise BufferError(
-            f"a {a._describe()} with negative strides {a.strides}: consumers such as "
+            f"a {a.describe()} with negative strides {a.strides}: consumers such as "
             "PyTorch cannot take them through DLPack (PyTorch aborts the process); "
             "export a.copy(), or pass copy=True"
         )

@@ -114,7 +114,7 @@ def launch(
         if type(arg) in _plain_types:
             continue  # a plain scalar: no attribute probing (slow on NumPy scalars)
         if isinstance(arg, SVMArray):
-            alloc = arg._use(context, None, "a kernel argument", "launch()")
+            alloc = arg.for_command(context, None, "a kernel argument", "launch()")
             allocs.append(alloc)
             if not alloc.ptr:  # a zero-byte array allocates nothing
                 call_args = call_args or list(args)
@@ -137,10 +137,10 @@ def launch(
             others.append(arg)
     for used in uses:
         if isinstance(used, SVMArray):
-            alloc = used._use(context, None, "a `uses` entry", "launch()")
+            alloc = used.for_command(context, None, "a `uses` entry", "launch()")
             allocs.append(alloc)
             if _listable(alloc):
-                pointers.append(alloc.ptr + used._offset)
+                pointers.append(alloc.ptr + used.offset)
             elif alloc.policy.granularity is _SYSTEM:
                 system = True
         elif isinstance(used, np.ndarray) and used.ndim:

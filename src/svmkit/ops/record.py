@@ -51,12 +51,12 @@ def record(event: cl.Event, *arrays: SVMArray | np.ndarray[Any, Any]) -> None:
                     "record() records on SVMArrays (or NumPy arrays made inside "
                     f"sk.numpy_allocator); array {index} is {type(array).__name__}"
                 )
-        alloc = array._live()
+        alloc = array.live()
         if context is None:
             context = event.context
         if alloc.context is not context and alloc.context != context:
             raise InvalidContextError(
-                f"record(): array {index} ({array._describe()}) belongs to another context "
+                f"record(): array {index} ({array.describe()}) belongs to another context "
                 "than the event (a command uses only SVM of its own context)"
             )
         allocs.append(alloc)

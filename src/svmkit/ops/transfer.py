@@ -92,23 +92,23 @@ def fill(
                 "fill destination must be an SVMArray (or a NumPy array made inside "
                 f"sk.numpy_allocator), got {type(dst).__name__}"
             )
-    alloc = dst._live()
+    alloc = dst.live()
     context = alloc.context
     queue = check_queue(queue, context)
     wait = wait_list(context, wait_for) if wait_for is not None else None
-    view = dst._view
+    view = dst.unchecked_view
     pattern = check_pattern(value, view.dtype)
     if pattern.nbytes > 64:  # every device supports 64-byte vectors (int16)
         check_pattern_max(pattern.nbytes, capabilities(context).max_alignment)
-    if not dst._contiguous:
+    if not dst.contiguous:
         check_contiguous(view, "fill destination")
     if wait:
         check_wait_status(wait, "fill()")
     nbytes = view.nbytes
     if not nbytes:
         return _marker(queue, wait)
-    check_fill_target(alloc.ptr + dst._offset, nbytes, pattern.nbytes)
-    dst._check_command(alloc, True, "fill()")
+    check_fill_target(alloc.ptr + dst.offset, nbytes, pattern.nbytes)
+    dst.check_command(alloc, True, "fill()")
     event = calls.enqueue_fill(queue, dst, pattern, wait)
     record_event(alloc, event, queue)
     return event
@@ -170,15 +170,15 @@ def copy(
     dst_alloc: Allocation | None = None
     src_alloc: Allocation | None = None
     if isinstance(dst, SVMArray):
-        dst_alloc = dst._use(context, True, "dst", "copy() dst", contiguous=True)
+        dst_alloc = dst.for_command(context, True, "dst", "copy() dst", contiguous=True)
         dst_ptr_obj: Any = dst
-        dst_ptr, nbytes = dst_alloc.ptr + dst._offset, dst._view.nbytes
+        dst_ptr, nbytes = dst_alloc.ptr + dst.offset, dst.nbytes
     else:
         dst_ptr_obj, dst_ptr, nbytes = _host_side(dst, "dst", True)
     if isinstance(src, SVMArray):
-        src_alloc = src._use(context, False, "src", "copy() src", contiguous=True)
+        src_alloc = src.for_command(context, False, "src", "copy() src", contiguous=True)
         src_ptr_obj: Any = src
-        src_ptr, src_nbytes = src_alloc.ptr + src._offset, src._view.nbytes
+        src_ptr, src_nbytes = src_alloc.ptr + src.offset, src.nbytes
     else:
         src_ptr_obj, src_ptr, src_nbytes = _host_side(src, "src", False)
     if nbytes != src_nbytes:
@@ -215,9 +215,9 @@ def copy(
 def _context_of(dst: Any, src: Any, queue: Any) -> cl.Context:
     """The context a copy runs in: that of its SVM side(s), else the queue's."""
     if isinstance(dst, SVMArray):
-        return dst._alloc.context
+        return dst.allocation.context
     if isinstance(src, SVMArray):
-        return src._alloc.context
+        return src.allocation.context
     if isinstance(queue, cl.CommandQueue):
         return context_of(queue)
     raise InvalidValueError("copy between two NumPy arrays needs a queue")
@@ -282,7 +282,7 @@ def migrate(
             f"migrate() takes SVMArrays (or NumPy arrays made inside sk.numpy_allocator), got "
             f"{type(first).__name__}"
         )
-    context = first._alloc.context
+    context = first.allocation.context
     queue = check_queue(queue, context)
     wait = wait_list(context, wait_for) if wait_for is not None else None
     if not _can_migrate(queue):
@@ -298,18 +298,18 @@ def migrate(
                 f"migrate() takes SVMArrays (or NumPy arrays made inside sk.numpy_allocator), "
                 f"got {type(a).__name__}"
             )
-        alloc = a._use(context, False, "an array to migrate", "migrate()")
+        alloc = a.for_command(context, False, "an array to migrate", "migrate()")
         if alloc.policy.granularity is Granularity.SYSTEM:
             raise InvalidValueError(
                 "migrate() of SYSTEM memory: clEnqueueSVMMigrateMem needs ranges inside "
                 "clSVMAlloc allocations"
             )
-        if not a._view.nbytes:
+        if not a.nbytes:
             continue  # size 0 would migrate the whole allocation
-        if a._contiguous:
+        if a.contiguous:
             pointers.append(a)
         else:
-            lo, hi = a._span()
+            lo, hi = a.byte_range()
             pointers.append(calls.svm_pointer(alloc.u8[lo:hi]))
         allocs.append(alloc)
     if wait:

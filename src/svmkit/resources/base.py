@@ -189,9 +189,15 @@ class MemoryResource:
         """Take ``allocation`` back; memory is reused only after its recorded events finish."""
         raise NotImplementedError
 
+    lender: MemoryResource | None = None
+    """For a resource that only borrows memory (an adopted NumPy array's), the resource the
+    memory goes back to when its owner frees it."""
+
     def owns(self, allocation: Allocation) -> bool:
-        """Whether ``allocation`` goes back to this resource when freed."""
-        return allocation.resource is self
+        """Whether ``allocation``'s memory goes back to this resource when freed (for an
+        adopted NumPy array's, when NumPy frees it)."""
+        resource = allocation.resource
+        return resource is self or resource.lender is self
 
     def serves(self, context: cl.Context, policy: Policy) -> bool:
         """Whether this resource allocates for ``context`` under ``policy``."""

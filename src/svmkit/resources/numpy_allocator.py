@@ -117,8 +117,8 @@ class NumpyAllocator:
             with _handler_lock:
                 if not any(r is resource for r in _given):
                     _given.append(resource)
-        self._saved: contextvars.ContextVar[tuple[tuple[Any, Any], ...]] = (
-            contextvars.ContextVar("svmkit_numpy_allocator_saved", default=())
+        self._saved: contextvars.ContextVar[tuple[tuple[Any, Any], ...]] = contextvars.ContextVar(
+            "svmkit_numpy_allocator_saved", default=()
         )
 
     def __enter__(self) -> NumpyAllocator:
