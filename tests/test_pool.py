@@ -208,14 +208,36 @@ def test_block_cache_refuses_misuse_with_clear_errors(ctx: cl.Context) -> None:
 
     pool = sk.PoolResource(sk.SVMResource(ctx))
     with pytest.raises(TypeError, match="subtype of Record"):
-        BlockCache(pool, int, 1 << 20)
+        BlockCache(pool, int, 1 << 20, is_complete)
+    with pytest.raises(TypeError, match="is_complete must be a callable"):
+        BlockCache(pool, sk.Allocation, 1 << 20, 42)
     bare = BlockCache.__new__(BlockCache)
-    for use in (lambda: bare.take(64), lambda: bare.counts, lambda: bare.take_ready()):
+    for use in (
+        lambda: bare.take(64),
+        lambda: bare.counts,
+        lambda: bare.take_all(),
+        lambda: bare.take_cached(64),
+        lambda: bare.check(),
+    ):
         with pytest.raises(RuntimeError, match="not initialised"):
             use()
-    with pytest.raises(ValueError, match="initialised block"):
-        pool._cache.hand_out(Block.__new__(Block), 64)
-    assert pool.statistics()["total_allocations"] == 0
+    cache = pool._cache
+    raw = sk.SVMResource(ctx)
+    small = raw.allocate(64)
+    with pytest.raises(ValueError, match="cannot hold a 128-byte block"):
+        cache.adopt(small, 100)  # (100 bytes take a class-2 block)
+    mine = pool.allocate(64)
+    with pytest.raises(ValueError, match="held by this pool already"):
+        cache.adopt(mine.block.upstream, 64)
+    with pytest.raises(ValueError, match="not held by this pool"):
+        cache.give(Block(1, small), 64, None)
+    with pytest.raises(TypeError, match="events: list"):
+        cache.give(mine.block, 64, (object(),))
+    cache.check()  # nothing refused changed a figure
+    assert pool.statistics()["total_allocations"] == 1
+    assert pool.info()["upstream_blocks"] == 1
+    mine.free()
+    small.free()
 
 
 # -- event-ordered reuse -----------------------------------------------------------------
