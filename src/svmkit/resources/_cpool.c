@@ -13,19 +13,24 @@
  *   Record                   the storage of svmkit.Allocation and the common case of its
  *                            free(): a pooled block with no export, no open map and no
  *                            recorded command goes straight back to its pool's ready list;
- *   BlockCache               a pool's lock, its ready blocks by size class and its byte
- *                            figures; take() hands out a ready block of the exact class as a
- *                            new Allocation, give() takes one back.
+ *   BlockCache               a pool's whole state under its lock: ready blocks by size class
+ *                            (LIFO), pending blocks with the events they wait for, the blocks
+ *                            held from upstream, every figure and the counters, and which
+ *                            sizes are pooled; take() hands out a ready block (best fit over
+ *                            4 more classes) as a new Allocation, take_cached() also polls
+ *                            pending blocks, adopt() holds a new upstream block, give() takes
+ *                            one back (ready, or pending on its events).
  *
- * Everything else (validation of first-seen sizes, best fit across classes, blocks waiting
- * for events, growth, out-of-memory recovery) stays in Python (svmkit/resources/pool.py and
- * _freelist.py), which the fast paths call whenever they do not apply.
+ * What stays in Python (svmkit/resources/pool.py) holds no state: validation of sizes and
+ * alignments, calls upstream, out-of-memory recovery, releases upstream after events.  The
+ * driver's event status query is Python's too (svmkit.driver.calls): the cache calls the
+ * is_complete callable it was given, outside its lock.
  *
- * Locking.  BlockCache's lock guards its ready lists, byte figures and counters; Python
- * takes it with `with cache:`.  Nothing that can run Python code (a garbage collection, a
- * finaliser) happens while C holds it: the ready lists are plain C arrays, objects are
- * created only after the lock is released.  The module relies on the GIL for the rest (it
- * does not declare free-threading support).
+ * Locking.  BlockCache's lock guards everything in it; svmkit never runs Python code while
+ * holding it (see the BlockCache section), so a garbage collection, a finaliser or NumPy's
+ * free (_numpy_handler.c, through Record_free) never finds it held by its own thread.
+ * Python may take it with `with cache:` (tests do).  The module relies on the GIL for the
+ * rest (it does not declare free-threading support).
  *
  * Fork.  A forked child's pools of the parent must not be used there (svmkit.driver.fork):
  * every fast path checks that its cache was created in the current process generation and

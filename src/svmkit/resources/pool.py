@@ -143,7 +143,7 @@ class PoolResource(MemoryResource):
         bytes); an invalid size raises (``clSVMAlloc``'s size rule, :func:`check_size`)."""
         if isinstance(nbytes, bool) or not isinstance(nbytes, int):
             raise InvalidValueError(f"size must be an int, got {nbytes!r}")
-        size: int | None = self._cache.block_size(nbytes)
+        size = self._cache.block_size(nbytes)
         if size is None:  # zero, negative or beyond a device's limit
             check_size(nbytes, self.capabilities)
             return 0
@@ -198,7 +198,7 @@ class PoolResource(MemoryResource):
 
     def _holds(self, allocation: Allocation) -> bool:
         """Whether ``allocation`` is a hand-out of one of this pool's blocks."""
-        return bool(self._cache.holds(allocation.block))
+        return self._cache.holds(allocation.block)
 
     # -- deallocation ----------------------------------------------------------------------
     def deallocate(self, allocation: Allocation) -> None:
@@ -235,8 +235,7 @@ class PoolResource(MemoryResource):
 
     def _pending_events(self) -> list[cl.Event]:
         """The events the pool's pending blocks wait for (the exit wait polls them)."""
-        events: list[cl.Event] = self._cache.pending_events()
-        return events
+        return self._cache.pending_events()
 
     def info(self) -> dict[str, int]:
         """The pool's figures in bytes and blocks.
@@ -250,8 +249,7 @@ class PoolResource(MemoryResource):
         if fork.forked:
             fork.check_owned(self.context, f"this {type(self).__name__}")
         settle()  # exact when read: releases handed over by finalizers counted first
-        figures: dict[str, int] = self._cache.figures()
-        return figures
+        return self._cache.figures()
 
     def statistics(self) -> dict[str, int]:
         """The counters :class:`StatisticsAdaptor` keeps, for allocations of this pool:
@@ -261,15 +259,13 @@ class PoolResource(MemoryResource):
         if fork.forked:
             fork.check_owned(self.context, f"this {type(self).__name__}")
         settle()
-        counts: dict[str, int] = self._cache.statistics()
-        return counts
+        return self._cache.statistics()
 
     @property
     def cached_bytes(self) -> int:
         """Bytes the pool holds for reuse (ready and pending)."""
         settle()
-        cached: int = self._cache.cached_bytes
-        return cached
+        return self._cache.cached_bytes
 
 
 fork.in_child(next_generation)  # the parent's caches defer to Python there, which refuses them
