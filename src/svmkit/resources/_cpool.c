@@ -965,20 +965,20 @@ BlockCache_take_all(BlockCache *self, PyObject *unused)
         cache_disown_locked(self, all[i].block);
     cache_unlock(self);
     PyObject *out = PyList_New(total);
-    for (Py_ssize_t i = 0; out && i < total; i++) {
-        PyObject *events = all[i].events ? all[i].events : PyList_New(0);
-        PyObject *pair = events ? PyTuple_Pack(2, (PyObject *)all[i].block, events) : NULL;
-        if (!pair) {
-            /* No memory: every block left is leaked rather than released while commands may
-             * still use it. */
-            Py_CLEAR(out);
+    Py_ssize_t made = 0;
+    for (; out && made < total; made++) {
+        PyObject *events = all[made].events ? all[made].events : PyList_New(0);
+        PyObject *pair = events ? PyTuple_Pack(2, (PyObject *)all[made].block, events) : NULL;
+        if (!pair)
             break;
-        }
-        Py_DECREF(all[i].block);
+        Py_DECREF(all[made].block);
         Py_DECREF(events);
-        PyList_SET_ITEM(out, i, pair);
+        PyList_SET_ITEM(out, made, pair);
     }
     PyMem_Free(all);
+    if (made < total)
+        return NULL; /* no memory: every block is leaked (the list too) rather than released
+                      * while commands may still use it */
     return out;
 }
 
