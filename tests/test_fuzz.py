@@ -914,18 +914,13 @@ class SVMMachine(RuleBasedStateMachine):
 
     @invariant()
     def pool_figures_match_its_lists(self) -> None:
-        # The C cache counts pending bytes; the Python free list lists the pending blocks:
-        # after every step both sides agree, and no figure is negative.
+        # The C cache owns the pool's lists and figures: after every step its figures are
+        # the sums of its lists (check() recounts them), and no figure is negative.
         for res in self.resources.values():
             if not hasattr(res, "pool"):
                 continue
             pool = res.pool
-            with pool._cache:
-                listed = sum(
-                    block.size for pending in pool._free._pending.values() for _, block in pending
-                )
-                assert pool._cache.pending_bytes == listed
-                assert pool._cache.ready_bytes >= 0 and pool._cache.ready_blocks >= 0
+            pool._cache.check()
             info = pool.info()
             assert info["live_allocations"] >= 0 and info["fragmented_bytes"] >= 0, info
 

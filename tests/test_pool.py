@@ -208,14 +208,152 @@ def test_block_cache_refuses_misuse_with_clear_errors(ctx: cl.Context) -> None:
 
     pool = sk.PoolResource(sk.SVMResource(ctx))
     with pytest.raises(TypeError, match="subtype of Record"):
-        BlockCache(pool, int, 1 << 20)
+        BlockCache(pool, int, 1 << 20, is_complete)
+    with pytest.raises(TypeError, match="is_complete must be a callable"):
+        BlockCache(pool, sk.Allocation, 1 << 20, 42)  # type: ignore[arg-type]
     bare = BlockCache.__new__(BlockCache)
-    for use in (lambda: bare.take(64), lambda: bare.counts, lambda: bare.take_ready()):
+    for use in (
+        lambda: bare.take(64),
+        lambda: bare.counts,
+        lambda: bare.take_all(),
+        lambda: bare.take_cached(64),
+        lambda: bare.check(),
+    ):
         with pytest.raises(RuntimeError, match="not initialised"):
             use()
-    with pytest.raises(ValueError, match="initialised block"):
-        pool._cache.hand_out(Block.__new__(Block), 64)
-    assert pool.statistics()["total_allocations"] == 0
+    cache = pool._cache
+    raw = sk.SVMResource(ctx)
+    small = raw.allocate(64)
+    with pytest.raises(ValueError, match="cannot hold a 128-byte block"):
+        cache.adopt(small, 100)  # (100 bytes take a class-2 block)
+    mine = pool.allocate(64)
+    with pytest.raises(ValueError, match="held by this pool already"):
+        cache.adopt(mine.block.upstream, 64)
+    with pytest.raises(ValueError, match="not held by this pool"):
+        cache.give(Block(1, small), 64, None)
+    with pytest.raises(TypeError, match="events: list"):
+        cache.give(mine.block, 64, (object(),))  # type: ignore[arg-type]
+    cache.check()  # nothing refused changed a figure
+    assert pool.statistics()["total_allocations"] == 1
+    assert pool.info()["upstream_blocks"] == 1
+    mine.free()
+    small.free()
+
+
+def test_the_cache_decides_which_sizes_are_pooled(ctx: cl.Context) -> None:
+    from svmkit.resources._cpool import BlockCache
+
+    pool = sk.PoolResource(sk.SVMResource(ctx))
+    upstream = sk.StatisticsAdaptor(sk.SVMResource(ctx))
+    cache = BlockCache(pool, sk.Allocation, 1000, is_complete)  # a 1000-byte device limit
+    assert cache.max_alloc == 1000 and cache.nclasses == 16  # classes 1 .. 15 (960 B)
+    sizes = (0, -1, 1, 960, 961, 1000, 1001, 2**70)
+    assert [cache.block_size(n) for n in sizes] == [None, None, 64, 960, 961, 1000, None, None]
+    whole = cache.adopt(upstream.allocate(961), 961)  # class 16 would be 1024 B: unpooled
+    assert whole.block.cls == 0 and whole.nbytes == 961 and cache.upstream_blocks == 1
+    assert cache.take_cached(961) is None  # never cached, so never looked for
+    whole.free()  # released upstream at once
+    assert cache.upstream_blocks == 0 and cache.cached_bytes == 0
+    assert upstream.stats()["current_allocations"] == 0
+    pooled = cache.adopt(upstream.allocate(960), 960)
+    pooled.free()  # class 15: cached
+    assert cache.ready_blocks == 1 and upstream.stats()["current_allocations"] == 1
+    assert cache.statistics()["total_allocations"] == 2
+    cache.check()
+    for block, _ in cache.take_all():
+        block.upstream.free()
+    assert upstream.stats()["current_allocations"] == 0
+
+
+def test_every_hand_out_is_counted_once(ctx: cl.Context) -> None:
+    pool = sk.PoolResource(sk.SVMResource(ctx))
+    grown = pool.allocate(256)  # growth
+    waiting = pool.allocate(300)  # growth, class 5
+    gate = cl.UserEvent(ctx)
+    waiting.events.record(gate)
+    waiting.free()  # pending
+    grown.free()  # ready
+    fast = pool.allocate(256)  # the C fast path
+    gate.set_status(cl.command_execution_status.COMPLETE)
+    polled = pool.allocate(300)  # the pending block, polled
+    empty = pool.allocate(0)  # no block: not a hand-out of the pool's
+    assert (fast.ptr, polled.ptr) == (grown.ptr, waiting.ptr)
+    stats = pool.statistics()
+    assert (stats["total_allocations"], stats["current_allocations"]) == (4, 2)
+    assert (stats["total_bytes"], stats["current_bytes"]) == (256 + 300 + 256 + 300, 556)
+    assert pool.info()["live_allocations"] == 2 and pool.info()["upstream_allocations"] == 2
+    pool._cache.check()
+    for a in (fast, polled, empty):
+        a.free()
+    assert pool.statistics()["current_allocations"] == 0
+
+
+def test_pending_blocks_live_in_the_cache_with_their_events(ctx: cl.Context) -> None:
+    from svmkit.events.exit_wait import _recorded_events
+
+    pool = sk.PoolResource(sk.SVMResource(ctx))
+    cache = pool._cache
+    gate = cl.UserEvent(ctx)
+    a = pool.allocate(256)
+    ptr = a.ptr
+    a.events.record(gate)
+    a.free()
+    assert (cache.pending_blocks, cache.pending_bytes, cache.ready_blocks) == (1, 256, 0)
+    assert cache.pending_events() == [gate]
+    assert gate in _recorded_events()  # the exit wait finds it through the pool
+    cache.check()
+    gate.set_status(cl.command_execution_status.COMPLETE)
+    b = pool.allocate(256)
+    assert b.ptr == ptr and cache.pending_blocks == 0 and cache.pending_events() == []
+    cache.check()
+    b.free()
+
+
+def test_a_miss_polls_at_most_8_pending_blocks_of_a_class(ctx: cl.Context) -> None:
+    pool = sk.PoolResource(sk.SVMResource(ctx))
+    cache = pool._cache
+    allocs = [pool.allocate(256) for _ in range(9)]
+    ptrs = [a.ptr for a in allocs]
+    gate, late = cl.UserEvent(ctx), cl.UserEvent(ctx)
+    for a in allocs[:8]:  # the 8 oldest wait for the gate
+        a.events.record(gate)
+        a.free()
+    allocs[8].events.record(late)
+    allocs[8].free()
+    late.set_status(cl.command_execution_status.COMPLETE)  # the newest is free to reuse...
+    grown = pool.allocate(256)  # ...but lies beyond the 8 a miss polls: a new block
+    assert grown.ptr not in ptrs and cache.pending_blocks == 9
+    gate.set_status(cl.command_execution_status.COMPLETE)
+    again = pool.allocate(256)  # the 8 polled completed: all 8 became ready, one went out
+    assert again.ptr in ptrs[:8]
+    assert (cache.ready_blocks, cache.pending_blocks) == (7, 1)
+    nxt = pool.allocate(256)  # the C fast path takes the next ready one
+    assert nxt.ptr in ptrs[:8] and cache.ready_blocks == 6
+    cache.check()
+    for a in (grown, again, nxt):
+        a.free()
+
+
+def test_a_failing_status_query_leaves_the_pending_block_listed(ctx: cl.Context) -> None:
+    from svmkit.resources._cpool import BlockCache
+
+    def broken(event: object) -> bool:
+        raise sk.SVMError("status query failed")
+
+    pool = sk.PoolResource(sk.SVMResource(ctx))
+    pool._cache = cache = BlockCache(pool, sk.Allocation, 1 << 30, broken)
+    a = cache.adopt(sk.SVMResource(ctx).allocate(256), 256)
+    gate = cl.UserEvent(ctx)
+    a.events.record(gate)
+    a.free()
+    with pytest.raises(sk.SVMError, match="status query failed"):
+        cache.take_cached(256)
+    assert cache.pending_blocks == 1 and cache.statistics()["current_allocations"] == 0
+    cache.check()
+    gate.set_status(cl.command_execution_status.COMPLETE)
+    (block, events), = cache.take_all()
+    assert events == [gate] and cache.upstream_blocks == 0
+    block.upstream.free()
 
 
 # -- event-ordered reuse -----------------------------------------------------------------
@@ -690,12 +828,18 @@ def _stress(ctx: cl.Context, threads: int, steps: int) -> int:
     def worker(seed: int) -> None:
         rng = random.Random(seed)
         live: list[tuple[Any, int]] = []
+        gates: list[cl.UserEvent] = []  # a quarter of the frees wait for one: pending blocks
         for _ in range(steps):
             if len(live) >= 32 or (live and rng.random() < 0.5):
                 a, tag = live.pop(rng.randrange(len(live)))
                 if host:  # nobody else wrote into our array meanwhile
                     assert a[0] == tag and a[-1] == tag  # (no export: no .host)
+                if rng.random() < 0.25:
+                    gates.append(cl.UserEvent(ctx))
+                    a.record(gates[-1])
                 a.free()
+                if len(gates) > 4:
+                    gates.pop(0).set_status(cl.command_execution_status.COMPLETE)
             else:
                 n = rng.randint(1, 4 << 20)
                 a = sk.empty(ctx, n, np.uint8, resource=pool)
@@ -705,6 +849,8 @@ def _stress(ctx: cl.Context, threads: int, steps: int) -> int:
                 live.append((a, tag))
         for a, _ in live:
             a.free()
+        for gate in gates:
+            gate.set_status(cl.command_execution_status.COMPLETE)
 
     run_threads(worker, threads)
     stats = pool.stats()  # exact when read: no drain() first
@@ -713,6 +859,7 @@ def _stress(ctx: cl.Context, threads: int, steps: int) -> int:
     info = pool.upstream.info()  # type: ignore[attr-defined]
     assert info["live_allocations"] == 0 and info["in_use_bytes"] == 0
     assert info["upstream_bytes"] == upstream.stats()["current_bytes"] == info["cached_bytes"]
+    pool.upstream._cache.check()  # type: ignore[attr-defined]
     pool.trim()
     assert upstream.stats()["current_bytes"] == 0  # nothing leaked
     return int(stats["total_allocations"])

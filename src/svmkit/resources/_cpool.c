@@ -13,19 +13,24 @@
  *   Record                   the storage of svmkit.Allocation and the common case of its
  *                            free(): a pooled block with no export, no open map and no
  *                            recorded command goes straight back to its pool's ready list;
- *   BlockCache               a pool's lock, its ready blocks by size class and its byte
- *                            figures; take() hands out a ready block of the exact class as a
- *                            new Allocation, give() takes one back.
+ *   BlockCache               a pool's whole state under its lock: ready blocks by size class
+ *                            (LIFO), pending blocks with the events they wait for, the blocks
+ *                            held from upstream, every figure and the counters, and which
+ *                            sizes are pooled; take() hands out a ready block (best fit over
+ *                            4 more classes) as a new Allocation, take_cached() also polls
+ *                            pending blocks, adopt() holds a new upstream block, give() takes
+ *                            one back (ready, or pending on its events).
  *
- * Everything else (validation of first-seen sizes, best fit across classes, blocks waiting
- * for events, growth, out-of-memory recovery) stays in Python (svmkit/resources/pool.py and
- * _freelist.py), which the fast paths call whenever they do not apply.
+ * What stays in Python (svmkit/resources/pool.py) holds no state: validation of sizes and
+ * alignments, calls upstream, out-of-memory recovery, releases upstream after events.  The
+ * driver's event status query is Python's too (svmkit.driver.calls): the cache calls the
+ * is_complete callable it was given, outside its lock.
  *
- * Locking.  BlockCache's lock guards its ready lists, byte figures and counters; Python
- * takes it with `with cache:`.  Nothing that can run Python code (a garbage collection, a
- * finaliser) happens while C holds it: the ready lists are plain C arrays, objects are
- * created only after the lock is released.  The module relies on the GIL for the rest (it
- * does not declare free-threading support).
+ * Locking.  BlockCache's lock guards everything in it; svmkit never runs Python code while
+ * holding it (see the BlockCache section), so a garbage collection, a finaliser or NumPy's
+ * free (_numpy_handler.c, through Record_free) never finds it held by its own thread.
+ * Python may take it with `with cache:` (tests do).  The module relies on the GIL for the
+ * rest (it does not declare free-threading support).
  *
  * Fork.  A forked child's pools of the parent must not be used there (svmkit.driver.fork):
  * every fast path checks that its cache was created in the current process generation and
@@ -152,14 +157,20 @@ Counters_returned(Counters *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
+/* The six figures as a dict (made by the caller after any lock is released). */
+static PyObject *
+counters_dict(const Counters *c)
+{
+    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n}", "current_bytes", c->current_bytes,
+                         "peak_bytes", c->peak_bytes, "total_bytes", c->total_bytes,
+                         "current_allocations", c->current_allocations, "peak_allocations",
+                         c->peak_allocations, "total_allocations", c->total_allocations);
+}
+
 static PyObject *
 Counters_snapshot(Counters *self, PyObject *unused)
 {
-    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n}", "current_bytes", self->current_bytes,
-                         "peak_bytes", self->peak_bytes, "total_bytes", self->total_bytes,
-                         "current_allocations", self->current_allocations,
-                         "peak_allocations", self->peak_allocations, "total_allocations",
-                         self->total_allocations);
+    return counters_dict(self);
 }
 
 static PyMethodDef Counters_methods[] = {
@@ -325,13 +336,29 @@ PyTypeObject BlockType = {
 };
 
 /* ---------------------------------------------------------------- BlockCache ---------- */
-
-
-
+/*
+ * A pool's whole state lives here, under one lock, with one owner: its ready blocks, its
+ * pending blocks (each with the events it waits for), the byte and block figures of both,
+ * the blocks it holds from upstream and their figures, its counters, and the classes it
+ * pools (a size whose class would round up beyond max_alloc is UNPOOLED: served by a block of
+ * exactly its size, never cached).  Python (svmkit/resources/pool.py) asks; it keeps none of
+ * it.
+ *
+ * A pending block becomes ready once every event it waits for completed.  Completion is
+ * polled with the is_complete callable given at construction (the driver's status query,
+ * svmkit.driver.calls.event_complete), never under the lock: take_cached copies the oldest
+ * POLL_LIMIT entries of a class, releases the lock to poll them and takes it again to move
+ * the completed ones to the ready list.
+ *
+ * svmkit never runs Python code while holding the lock: the lists are C arrays (PyMem, which
+ * never collects), the held blocks are a dict keyed by int addresses (hashing and comparing
+ * ints runs no Python code), no reference that could be the last is dropped (what leaves the
+ * cache is dropped after the lock), and Python objects (records, lists, dicts, exceptions)
+ * are made only once it is released.  So no collection, finaliser or NumPy free (the NEP 49
+ * handler, Record_free) can find the lock held by its own thread.
+ */
 
 static PyTypeObject BlockCacheType;
-
-
 
 void
 cache_lock(BlockCache *self)
@@ -349,48 +376,130 @@ cache_unlock(BlockCache *self)
     PyThread_release_lock(self->lock);
 }
 
-/* Push a block (stealing the reference) on class cls's ready list; -1 on no memory.  Never
- * runs Python code (PyMem_Realloc does not collect), so it may run under the lock. */
-int
+/* The class that serves a request of n bytes here: >= 1 pooled, UNPOOLED for a size whose
+ * class would round up beyond max_alloc, -1 for n outside 1 .. max_alloc (zero, negative, or
+ * beyond the smallest CL_DEVICE_MAX_MEM_ALLOC_SIZE: no block serves it).  The one place that
+ * decides whether a size is pooled. */
+static Py_ssize_t
+cache_class_of(BlockCache *self, Py_ssize_t n)
+{
+    if (n < 1 || n > self->max_alloc)
+        return -1;
+    Py_ssize_t cls = size_class(n);
+    return cache_pools(self, cls) ? cls : UNPOOLED;
+}
+
+/* Grow an array of items of `size` bytes to hold one more; -1 on no memory (no error set). */
+static int
+grow_for_one(void **items, Py_ssize_t *cap, Py_ssize_t n, size_t size)
+{
+    if (n < *cap)
+        return 0;
+    Py_ssize_t more = *cap ? 2 * *cap : 8;
+    void *bigger = PyMem_Realloc(*items, (size_t)more * size);
+    if (!bigger)
+        return -1;
+    *items = bigger;
+    *cap = more;
+    return 0;
+}
+
+/* List block as ready (a new reference taken); -1 on no memory.  Under the lock. */
+static int
 cache_push_ready(BlockCache *self, Block *block)
 {
-    if (!cache_pools(self, block->cls))
-        return -1; /* (an unpooled block is never listed) */
-    Stack *s = &self->ready[block->cls];
-    if (s->n == s->cap) {
-        Py_ssize_t cap = s->cap ? 2 * s->cap : 8;
-        Block **items = PyMem_Realloc(s->items, cap * sizeof(Block *));
-        if (!items)
-            return -1;
-        s->items = items;
-        s->cap = cap;
-    }
-    s->items[s->n++] = block;
+    SizeClass *c = &self->classes[block->cls];
+    if (grow_for_one((void **)&c->ready, &c->ready_cap, c->nready, sizeof(Block *)) < 0)
+        return -1;
+    c->ready[c->nready++] = (Block *)Py_NewRef(block);
     self->ready_bytes += block->size;
     self->ready_blocks += 1;
     return 0;
 }
 
-/* Pop the most recently pushed ready block of class cls (a new reference), or NULL. */
+/* List block as waiting for events (new references taken); -1 on no memory.  Under the lock. */
+static int
+cache_push_pending(BlockCache *self, Block *block, PyObject *events)
+{
+    SizeClass *c = &self->classes[block->cls];
+    if (grow_for_one((void **)&c->pending, &c->pending_cap, c->npending, sizeof(Pending)) < 0)
+        return -1;
+    c->pending[c->npending++] = (Pending){(Block *)Py_NewRef(block), Py_NewRef(events)};
+    self->pending_bytes += block->size;
+    self->pending_blocks += 1;
+    return 0;
+}
+
+/* Pop the most recently pushed ready block of class cls (the list's reference), or NULL. */
 static Block *
 cache_pop_ready(BlockCache *self, Py_ssize_t cls)
 {
-    if (!cache_pools(self, cls))
+    SizeClass *c = &self->classes[cls];
+    if (!c->nready)
         return NULL;
-    Stack *s = &self->ready[cls];
-    if (!s->n)
-        return NULL;
-    Block *block = s->items[--s->n];
+    Block *block = c->ready[--c->nready];
     self->ready_bytes -= block->size;
     self->ready_blocks -= 1;
     return block;
 }
 
-/* The pool (borrowed: alive while its weak reference resolves), or NULL once it is gone. */
+/* Remove pending entry i of class cls (its references move to the caller).  Under the lock. */
+static Pending
+cache_remove_pending(BlockCache *self, Py_ssize_t cls, Py_ssize_t i)
+{
+    SizeClass *c = &self->classes[cls];
+    Pending gone = c->pending[i];
+    memmove(&c->pending[i], &c->pending[i + 1], (size_t)(c->npending - i - 1) * sizeof(Pending));
+    c->npending -= 1;
+    self->pending_bytes -= gone.block->size;
+    self->pending_blocks -= 1;
+    return gone;
+}
+
+/* Whether block is one this cache holds from upstream (1/0).  Under the lock. */
+static int
+cache_holds_locked(BlockCache *self, Block *block)
+{
+    if (!block->ptr || !block->upstream)
+        return 0;
+    PyObject *upstream = PyDict_GetItemWithError(self->held, block->ptr);
+    return upstream && upstream == block->upstream;
+}
+
+/* Hold block, just had from upstream: 0, 1 when it is held already, -1 on no memory (no
+ * error set).  Under the lock. */
+static int
+cache_adopt_locked(BlockCache *self, Block *block)
+{
+    if (PyDict_GetItemWithError(self->held, block->ptr))
+        return 1;
+    if (PyDict_SetItem(self->held, block->ptr, block->upstream) < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    self->upstream_bytes += block->size;
+    self->upstream_blocks += 1;
+    self->upstream_allocations += 1;
+    return 0;
+}
+
+/* block leaves the pool for upstream (the caller releases it there).  Under the lock: the
+ * dict's references it drops are not the last (the block holds its address and upstream). */
+static void
+cache_disown_locked(BlockCache *self, Block *block)
+{
+    if (!cache_holds_locked(self, block))
+        return;
+    if (PyDict_DelItem(self->held, block->ptr) == 0) {
+        self->upstream_bytes -= block->size;
+        self->upstream_blocks -= 1;
+    }
+}
+
 /* Best fit for class cls, scanning classes start .. cls + LOOKAHEAD: the first (smallest)
- * class with a ready block gives its most recent one (a new reference).  NULL with *poll
- * set to a class whose pending blocks must be polled first (by Python, which calls back
- * with start = that class + 1), or NULL with *poll = 0: nothing cached fits. */
+ * class with a ready block gives its most recent one (the list's reference).  NULL with
+ * *poll set to a class whose pending blocks must be polled first, or NULL with *poll = 0:
+ * nothing cached fits.  Under the lock. */
 static Block *
 cache_best_fit(BlockCache *self, Py_ssize_t cls, Py_ssize_t start, Py_ssize_t *poll)
 {
@@ -400,12 +509,39 @@ cache_best_fit(BlockCache *self, Py_ssize_t cls, Py_ssize_t start, Py_ssize_t *p
         Block *block = cache_pop_ready(self, c);
         if (block)
             return block;
-        if (self->ready[c].pending) {
+        if (self->classes[c].npending) {
             *poll = c;
             return NULL;
         }
     }
     return NULL;
+}
+
+/* The block a hand-out of n bytes gets, counted as handed out: the one place a hand-out is
+ * counted.  fresh: a block just adopted from upstream; else the best fit among the ready
+ * blocks (cache_best_fit, its *poll included).  A reference, or NULL.  Under the lock. */
+static Block *
+cache_claim_locked(BlockCache *self, Py_ssize_t n, Block *fresh, Py_ssize_t cls, Py_ssize_t start,
+                   Py_ssize_t *poll)
+{
+    Block *block = fresh ? fresh : cache_best_fit(self, cls, start, poll);
+    if (block)
+        counters_taken(self->counts, n);
+    return block;
+}
+
+int
+cache_give_locked(BlockCache *self, Block *block, Py_ssize_t n, PyObject *events)
+{
+    counters_returned(self->counts, n);
+    int keep = cache_pools(self, block->cls) &&
+               (self->max_cached < 0 ||
+                self->ready_bytes + self->pending_bytes + block->size <= self->max_cached);
+    if (keep)
+        keep = (events ? cache_push_pending(self, block, events) : cache_push_ready(self, block)) == 0;
+    if (!keep)
+        cache_disown_locked(self, block);
+    return keep;
 }
 
 /* The pool (a new reference), or NULL once it is gone. */
@@ -427,33 +563,59 @@ cache_owner(BlockCache *self)
 #endif
 }
 
+/* The pool (a new reference), or NULL with ReferenceError once it is gone. */
+static PyObject *
+cache_owner_or_error(BlockCache *self)
+{
+    PyObject *owner = cache_owner(self);
+    if (!owner)
+        PyErr_SetString(PyExc_ReferenceError, "the pool of this cache is gone");
+    return owner;
+}
+
 /* Whether the cache is usable (initialised, not cleared by the collector); else an error. */
 static int
 cache_usable(BlockCache *self)
 {
-    if (!self->ready || !self->counts || !self->owner_ref || !self->lock) {
+    if (!self->classes || !self->counts || !self->owner_ref || !self->lock || !self->held ||
+        !self->is_complete) {
         PyErr_SetString(PyExc_RuntimeError, "this BlockCache is not initialised");
         return 0;
     }
     return 1;
 }
 
+/* arg as a Block, or NULL with a TypeError naming the method. */
+static Block *
+block_arg(PyObject *arg, const char *what)
+{
+    if (!PyObject_TypeCheck(arg, &BlockType)) {
+        PyErr_Format(PyExc_TypeError, "%s takes a Block, got %R", what, arg);
+        return NULL;
+    }
+    return (Block *)arg;
+}
 
 static int
 BlockCache_init(BlockCache *self, PyObject *args, PyObject *kw)
 {
-    static char *names[] = {"owner", "record_type", "max_alloc", "max_cached_bytes", NULL};
-    PyObject *owner, *record_type, *max_cached = Py_None;
+    static char *names[] = {"owner", "record_type", "max_alloc", "is_complete",
+                            "max_cached_bytes", NULL};
+    PyObject *owner, *record_type, *is_complete, *max_cached = Py_None;
     Py_ssize_t max_alloc;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOn|O:BlockCache", names, &owner, &record_type,
-                                     &max_alloc, &max_cached))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOnO|O:BlockCache", names, &owner, &record_type,
+                                     &max_alloc, &is_complete, &max_cached))
         return -1;
-    if (self->ready) {
+    if (self->classes) {
         PyErr_SetString(PyExc_RuntimeError, "BlockCache is initialised once");
         return -1;
     }
     if (max_alloc < 1 || max_alloc > MAX_REQUEST) {
         PyErr_Format(PyExc_ValueError, "max_alloc must be in 1 .. 2**62, got %zd", max_alloc);
+        return -1;
+    }
+    if (!PyCallable_Check(is_complete)) {
+        PyErr_SetString(PyExc_TypeError, "is_complete must be a callable (event -> bool)");
         return -1;
     }
     if (max_cached == Py_None) {
@@ -476,13 +638,15 @@ BlockCache_init(BlockCache *self, PyObject *args, PyObject *kw)
     if (class_size(top) > max_alloc)
         top -= 1; /* classes whose blocks exceed max_alloc are never pooled */
     self->nclasses = top + 1;
-    self->ready = PyMem_Calloc(self->nclasses, sizeof(Stack));
+    self->classes = PyMem_Calloc(self->nclasses, sizeof(SizeClass));
     self->lock = PyThread_allocate_lock();
     self->counts = PyObject_New(Counters, &CountersType);
+    self->held = PyDict_New();
     self->owner_ref = PyWeakref_NewRef(owner, NULL);
     self->context = PyObject_GetAttr(owner, str_context);
     self->policy = self->context ? PyObject_GetAttr(owner, str_policy) : NULL;
-    if (!self->ready || !self->lock || !self->counts || !self->owner_ref || !self->policy) {
+    if (!self->classes || !self->lock || !self->counts || !self->held || !self->owner_ref ||
+        !self->policy) {
         if (!PyErr_Occurred())
             PyErr_NoMemory();
         return -1;
@@ -490,50 +654,43 @@ BlockCache_init(BlockCache *self, PyObject *args, PyObject *kw)
     self->counts->current_bytes = self->counts->peak_bytes = self->counts->total_bytes = 0;
     self->counts->current_allocations = self->counts->peak_allocations = 0;
     self->counts->total_allocations = 0;
-    Py_INCREF(record_type);
-    self->record_type = record_type;
+    self->record_type = Py_NewRef(record_type);
+    self->is_complete = Py_NewRef(is_complete);
     self->max_alloc = max_alloc;
     self->generation = generation;
     return 0;
 }
 
-/* The common case of an allocation: a ready block of the request's own class. */
 /* The common case of an allocation: a ready block of the request's class or up to
- * LOOKAHEAD classes larger. */
+ * LOOKAHEAD classes larger, met before any class with pending blocks. */
 static PyObject *
 BlockCache_take(BlockCache *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     if (!cache_usable(self))
         return NULL;
-    PyObject *owner = cache_owner(self); /* held across the hand-out (it may collect) */
-    if (!owner) {
-        PyErr_SetString(PyExc_ReferenceError, "the pool of this cache is gone");
+    PyObject *owner = cache_owner_or_error(self); /* held across the hand-out (it may collect) */
+    if (!owner)
         return NULL;
-    }
     if (nargs >= 1 && !kwnames && self->generation == generation && PyLong_CheckExact(args[0]) &&
         (nargs == 1 || (nargs == 2 && PyLong_CheckExact(args[1]) &&
                         PyLong_AsLong(args[1]) == 0 && !PyErr_Occurred()))) {
         PyObject *nbytes = args[0];
         Py_ssize_t n = PyLong_AsSsize_t(nbytes);
-        if (n > 0 && n <= self->max_alloc) {
-            Py_ssize_t cls = size_class(n);
-            if (cls < self->nclasses) {
-                Py_ssize_t poll;
-                cache_lock(self);
-                Block *block = cache_best_fit(self, cls, cls, &poll);
-                if (block)
-                    counters_taken(self->counts, n);
-                cache_unlock(self);
-                if (block) {
-                    PyObject *rec = cache_hand_out(self, owner, block, nbytes, n);
-                    Py_DECREF(owner);
-                    return rec;
-                }
+        Py_ssize_t cls = n == -1 ? -1 : cache_class_of(self, n);
+        if (cls >= 1) {
+            Py_ssize_t poll;
+            cache_lock(self);
+            Block *block = cache_claim_locked(self, n, NULL, cls, cls, &poll);
+            cache_unlock(self);
+            if (block) {
+                PyObject *rec = cache_hand_out(self, owner, block, nbytes, n);
+                Py_DECREF(owner);
+                return rec;
             }
         }
     }
     PyErr_Clear();
-    /* Every other case: the pool's Python path (validation, best fit, pending, growth). */
+    /* Every other case: the pool's Python path (validation, pending blocks, growth). */
     PyObject *stack[8];
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     if (nargs + nkw > 7) {
@@ -549,29 +706,179 @@ BlockCache_take(BlockCache *self, PyObject *const *args, Py_ssize_t nargs, PyObj
     return result;
 }
 
-/* Count an allocation of n bytes of block given back, and keep the block if it is pooled
- * and fits under max_cached_bytes: on the ready list when no command may still use it,
- * else counted as pending (the caller lists it with its events before it releases the
- * lock).  1: kept, 0: the caller releases it upstream.  The caller holds the lock. */
-int
-cache_give_locked(BlockCache *self, Block *block, Py_ssize_t n, int pending)
+/* A request's size in bytes (an int >= 0), or -1 with an error. */
+static Py_ssize_t
+nbytes_arg(PyObject *arg, const char *what)
 {
-    counters_returned(self->counts, n);
-    int keep = cache_pools(self, block->cls) &&
-               (self->max_cached < 0 ||
-                self->ready_bytes + self->pending_bytes + block->size <= self->max_cached);
-    if (keep && pending) {
-        self->pending_bytes += block->size;
-        self->ready[block->cls].pending += 1;
+    if (!PyLong_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "%s takes nbytes: int, got %R", what, arg);
+        return -1;
     }
-    else if (keep) {
-        Py_INCREF(block);
-        if (cache_push_ready(self, block) < 0) {
-            Py_DECREF(block); /* (not the last reference: the caller holds one) */
-            keep = 0;
+    return PyLong_AsSsize_t(arg);
+}
+
+/* Whether every event of a pending entry completed (1/0), -1 with is_complete's error.
+ * Runs Python code: never under the lock. */
+static int
+cache_events_complete(BlockCache *self, PyObject *events)
+{
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
+        PyObject *event = Py_NewRef(PyList_GET_ITEM(events, i));
+        PyObject *r = PyObject_CallOneArg(self->is_complete, event);
+        Py_DECREF(event);
+        int done = r ? PyObject_IsTrue(r) : -1;
+        Py_XDECREF(r);
+        if (done <= 0)
+            return done;
+    }
+    return 1;
+}
+
+/* Move the pending entry of class cls that lists block to the ready list: its events list (a
+ * reference, for the caller to drop after the lock), or NULL when the entry is gone (taken
+ * meanwhile) or no memory was had (it stays pending).  Under the lock. */
+static PyObject *
+cache_promote_locked(BlockCache *self, Py_ssize_t cls, Block *block)
+{
+    SizeClass *c = &self->classes[cls];
+    for (Py_ssize_t i = 0; i < c->npending; i++) {
+        if (c->pending[i].block != block)
+            continue;
+        if (cache_push_ready(self, block) < 0)
+            return NULL;
+        Pending gone = cache_remove_pending(self, cls, i);
+        Py_DECREF(gone.block); /* (not the last reference: the ready list holds one) */
+        return gone.events;
+    }
+    return NULL;
+}
+
+/* Poll the oldest POLL_LIMIT pending entries of class cls outside the lock; the completed
+ * ones become ready.  1: some did, 0: none, -1 with is_complete's error. */
+static int
+cache_poll_class(BlockCache *self, Py_ssize_t cls)
+{
+    Pending polled[POLL_LIMIT];
+    PyObject *done_events[POLL_LIMIT];
+    int done[POLL_LIMIT];
+    Py_ssize_t k = 0, ndone = 0;
+    cache_lock(self);
+    SizeClass *c = &self->classes[cls];
+    for (; k < c->npending && k < POLL_LIMIT; k++)
+        polled[k] = (Pending){(Block *)Py_NewRef(c->pending[k].block),
+                              Py_NewRef(c->pending[k].events)};
+    cache_unlock(self);
+    int any = 0, failed = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        done[i] = failed ? 0 : cache_events_complete(self, polled[i].events);
+        if (done[i] < 0) {
+            failed = 1;
+            done[i] = 0;
         }
+        any |= done[i];
     }
-    return keep;
+    if (any) {
+        cache_lock(self);
+        for (Py_ssize_t i = 0; i < k; i++) {
+            PyObject *events = done[i] ? cache_promote_locked(self, cls, polled[i].block) : NULL;
+            if (events)
+                done_events[ndone++] = events;
+        }
+        cache_unlock(self);
+    }
+    while (ndone)
+        Py_DECREF(done_events[--ndone]);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        Py_DECREF(polled[i].block);
+        Py_DECREF(polled[i].events);
+    }
+    return failed ? -1 : any;
+}
+
+static PyObject *
+BlockCache_take_cached(BlockCache *self, PyObject *arg)
+{
+    if (!cache_usable(self))
+        return NULL;
+    Py_ssize_t n = nbytes_arg(arg, "take_cached");
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t cls = cache_class_of(self, n);
+    if (cls < 1)
+        Py_RETURN_NONE;
+    PyObject *owner = cache_owner_or_error(self);
+    if (!owner)
+        return NULL;
+    for (Py_ssize_t start = cls;;) {
+        Py_ssize_t poll;
+        cache_lock(self);
+        Block *block = cache_claim_locked(self, n, NULL, cls, start, &poll);
+        cache_unlock(self);
+        if (block || !poll) {
+            PyObject *rec = block ? cache_hand_out(self, owner, block, arg, n) : Py_NewRef(Py_None);
+            Py_DECREF(owner);
+            return rec;
+        }
+        int promoted = cache_poll_class(self, poll);
+        if (promoted < 0) {
+            Py_DECREF(owner);
+            return NULL;
+        }
+        start = promoted ? poll : poll + 1; /* (a promoted block is taken on the next scan) */
+    }
+}
+
+static PyObject *
+BlockCache_adopt(BlockCache *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!cache_usable(self))
+        return NULL;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "adopt(upstream, nbytes)");
+        return NULL;
+    }
+    Py_ssize_t n = nbytes_arg(args[1], "adopt");
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t cls = cache_class_of(self, n);
+    if (cls < 0) {
+        PyErr_Format(PyExc_ValueError, "no block of this cache serves %zd bytes", n);
+        return NULL;
+    }
+    Py_ssize_t size = cls == UNPOOLED ? n : class_size(cls);
+    Block *block = (Block *)PyObject_CallFunction((PyObject *)&BlockType, "nO", cls, args[0]);
+    if (!block)
+        return NULL;
+    if (block->size < size) {
+        PyErr_Format(PyExc_ValueError, "a %zd-byte upstream allocation cannot hold a %zd-byte "
+                     "block", block->size, size);
+        Py_DECREF(block);
+        return NULL;
+    }
+    PyObject *owner = cache_owner_or_error(self);
+    if (!owner) {
+        Py_DECREF(block);
+        return NULL;
+    }
+    Py_ssize_t unused;
+    cache_lock(self);
+    int adopted = cache_adopt_locked(self, block);
+    if (adopted == 0)
+        cache_claim_locked(self, n, block, cls, cls, &unused);
+    cache_unlock(self);
+    if (adopted != 0) {
+        if (adopted > 0)
+            PyErr_Format(PyExc_ValueError, "the block at %R is held by this pool already",
+                         block->ptr);
+        else
+            PyErr_NoMemory();
+        Py_DECREF(owner);
+        Py_DECREF(block);
+        return NULL;
+    }
+    PyObject *rec = cache_hand_out(self, owner, block, args[1], n);
+    Py_DECREF(owner);
+    return rec;
 }
 
 static PyObject *
@@ -579,133 +886,226 @@ BlockCache_give(BlockCache *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (!cache_usable(self))
         return NULL;
-    if (nargs != 3 || !PyObject_TypeCheck(args[0], &BlockType)) {
-        PyErr_SetString(PyExc_TypeError, "give(block, nbytes, pending)");
-        return NULL;
-    }
-    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
-    int pending = PyObject_IsTrue(args[2]);
-    if ((n == -1 && PyErr_Occurred()) || pending < 0)
-        return NULL;
-    return PyBool_FromLong(cache_give_locked(self, (Block *)args[0], n, pending));
-}
-
-static PyObject *
-BlockCache_best_fit(BlockCache *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (!cache_usable(self))
-        return NULL;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "best_fit(cls, start)");
-        return NULL;
-    }
-    Py_ssize_t cls = PyLong_AsSsize_t(args[0]);
-    Py_ssize_t start = cls == -1 && PyErr_Occurred() ? -1 : PyLong_AsSsize_t(args[1]);
-    if (start == -1 && PyErr_Occurred())
-        return NULL;
-    if (!cache_pools(self, cls))
-        Py_RETURN_NONE;
-    Py_ssize_t poll;
-    Block *block = cache_best_fit(self, cls, start, &poll);
-    if (block)
-        return (PyObject *)block;
-    if (poll)
-        return PyLong_FromSsize_t(poll);
-    Py_RETURN_NONE;
-}
-
-/* arg as a Block of a class pooled here, or NULL with an error naming ``what``. */
-static Block *
-pooled_block(BlockCache *self, PyObject *arg, const char *what)
-{
-    if (!cache_usable(self))
-        return NULL;
-    if (!PyObject_TypeCheck(arg, &BlockType)) {
-        PyErr_Format(PyExc_TypeError, "%s takes a Block", what);
-        return NULL;
-    }
-    Block *block = (Block *)arg;
-    if (!cache_pools(self, block->cls)) {
-        PyErr_Format(PyExc_ValueError, "class %zd is not pooled here", block->cls);
-        return NULL;
-    }
-    return block;
-}
-
-static PyObject *
-BlockCache_unpend(BlockCache *self, PyObject *arg)
-{
-    Block *block = pooled_block(self, arg, "unpend");
-    if (!block)
-        return NULL;
-    if (!self->ready[block->cls].pending) {
-        PyErr_Format(PyExc_ValueError, "no pending block of class %zd", block->cls);
-        return NULL;
-    }
-    self->ready[block->cls].pending -= 1;
-    self->pending_bytes -= block->size;
-    Py_RETURN_NONE;
-}
-
-static PyObject *
-BlockCache_push_ready(BlockCache *self, PyObject *arg)
-{
-    Block *block = pooled_block(self, arg, "push_ready");
-    if (!block)
-        return NULL;
-    Py_INCREF(block);
-    if (cache_push_ready(self, block) < 0) {
-        Py_DECREF(block);
-        return PyErr_NoMemory();
-    }
-    Py_RETURN_NONE;
-}
-
-static PyObject *
-BlockCache_take_ready(BlockCache *self, PyObject *unused)
-{
-    if (!cache_usable(self))
-        return NULL;
-    PyObject *out = PyList_New(self->ready_blocks);
-    if (!out)
-        return NULL;
-    Py_ssize_t i = 0;
-    for (Py_ssize_t c = 1; c < self->nclasses; c++) {
-        Stack *s = &self->ready[c];
-        for (Py_ssize_t k = 0; k < s->n; k++)
-            PyList_SET_ITEM(out, i++, (PyObject *)s->items[k]); /* references move */
-        s->n = 0;
-    }
-    self->ready_bytes = self->ready_blocks = 0;
-    return out;
-}
-
-static PyObject *
-BlockCache_hand_out(BlockCache *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (!cache_usable(self))
-        return NULL;
-    if (nargs != 2 || !PyObject_TypeCheck(args[0], &BlockType) || !PyLong_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "hand_out(block, nbytes: int)");
+    if (nargs != 3 || !PyObject_TypeCheck(args[0], &BlockType) ||
+        !(args[2] == Py_None || PyList_Check(args[2]))) {
+        PyErr_SetString(PyExc_TypeError, "give(block, nbytes, events: list | None)");
         return NULL;
     }
     Block *block = (Block *)args[0];
     Py_ssize_t n = PyLong_AsSsize_t(args[1]);
     if (n == -1 && PyErr_Occurred())
         return NULL;
-    if (!block->ptr || !block->u8 || !block->memo || n < 1 || n > block->size) {
-        PyErr_SetString(PyExc_ValueError, "hand_out needs an initialised block of >= nbytes");
+    PyObject *events = args[2] != Py_None && PyList_GET_SIZE(args[2]) ? args[2] : NULL;
+    cache_lock(self);
+    int held = cache_holds_locked(self, block);
+    int kept = held ? cache_give_locked(self, block, n, events) : 0;
+    cache_unlock(self);
+    if (!held) {
+        PyErr_Format(PyExc_ValueError, "%R is not held by this pool", (PyObject *)block);
         return NULL;
     }
-    PyObject *owner = cache_owner(self);
-    if (!owner) {
-        PyErr_SetString(PyExc_ReferenceError, "the pool of this cache is gone");
+    return PyBool_FromLong(kept);
+}
+
+static PyObject *
+BlockCache_pending_events(BlockCache *self, PyObject *unused)
+{
+    if (!cache_usable(self))
+        return NULL;
+    PyObject **events = NULL;
+    Py_ssize_t total = 0, k = 0;
+    cache_lock(self);
+    for (Py_ssize_t cls = 1; cls < self->nclasses; cls++)
+        for (Py_ssize_t i = 0; i < self->classes[cls].npending; i++)
+            total += PyList_GET_SIZE(self->classes[cls].pending[i].events);
+    if (total && !(events = PyMem_Malloc((size_t)total * sizeof(PyObject *)))) {
+        cache_unlock(self);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t cls = 1; cls < self->nclasses; cls++)
+        for (Py_ssize_t i = 0; i < self->classes[cls].npending; i++) {
+            PyObject *list = self->classes[cls].pending[i].events;
+            for (Py_ssize_t j = 0; j < PyList_GET_SIZE(list); j++)
+                events[k++] = Py_NewRef(PyList_GET_ITEM(list, j));
+        }
+    cache_unlock(self);
+    PyObject *out = PyList_New(total);
+    for (Py_ssize_t i = 0; i < total; i++) {
+        if (out)
+            PyList_SET_ITEM(out, i, events[i]); /* the reference moves */
+        else
+            Py_DECREF(events[i]);
+    }
+    PyMem_Free(events);
+    return out;
+}
+
+static PyObject *
+BlockCache_take_all(BlockCache *self, PyObject *unused)
+{
+    if (!cache_usable(self))
+        return NULL;
+    cache_lock(self);
+    Py_ssize_t total = self->ready_blocks + self->pending_blocks, k = 0;
+    Pending *all = PyMem_Malloc((size_t)(total ? total : 1) * sizeof(Pending));
+    if (!all) {
+        cache_unlock(self);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t cls = 1; cls < self->nclasses; cls++) {
+        SizeClass *c = &self->classes[cls];
+        for (Py_ssize_t i = 0; i < c->nready; i++)
+            all[k++] = (Pending){c->ready[i], NULL}; /* references move */
+        for (Py_ssize_t i = 0; i < c->npending; i++)
+            all[k++] = c->pending[i];
+        c->nready = c->npending = 0;
+    }
+    self->ready_bytes = self->ready_blocks = self->pending_bytes = self->pending_blocks = 0;
+    for (Py_ssize_t i = 0; i < total; i++)
+        cache_disown_locked(self, all[i].block);
+    cache_unlock(self);
+    PyObject *out = PyList_New(total);
+    Py_ssize_t made = 0;
+    for (; out && made < total; made++) {
+        PyObject *events = all[made].events ? all[made].events : PyList_New(0);
+        PyObject *pair = events ? PyTuple_Pack(2, (PyObject *)all[made].block, events) : NULL;
+        if (!pair)
+            break;
+        Py_DECREF(all[made].block);
+        Py_DECREF(events);
+        PyList_SET_ITEM(out, made, pair);
+    }
+    PyMem_Free(all);
+    if (made < total)
+        return NULL; /* no memory: every block is leaked (the list too) rather than released
+                      * while commands may still use it */
+    return out;
+}
+
+static PyObject *
+BlockCache_holds(BlockCache *self, PyObject *arg)
+{
+    if (!cache_usable(self))
+        return NULL;
+    if (!PyObject_TypeCheck(arg, &BlockType))
+        Py_RETURN_FALSE;
+    cache_lock(self);
+    int holds = cache_holds_locked(self, (Block *)arg);
+    cache_unlock(self);
+    return PyBool_FromLong(holds);
+}
+
+static PyObject *
+BlockCache_block_size(BlockCache *self, PyObject *arg)
+{
+    if (!cache_usable(self))
+        return NULL;
+    Py_ssize_t n = nbytes_arg(arg, "block_size");
+    if (n == -1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear(); /* (beyond any size: no block serves it) */
+    }
+    Py_ssize_t cls = cache_class_of(self, n);
+    if (cls < 0)
+        Py_RETURN_NONE;
+    return PyLong_FromSsize_t(cls == UNPOOLED ? n : class_size(cls));
+}
+
+static PyObject *
+BlockCache_figures(BlockCache *self, PyObject *unused)
+{
+    if (!cache_usable(self))
+        return NULL;
+    cache_lock(self);
+    Py_ssize_t in_use = self->counts->current_bytes, upstream = self->upstream_bytes;
+    Py_ssize_t cached = self->ready_bytes + self->pending_bytes, pending = self->pending_bytes;
+    Py_ssize_t blocks = self->upstream_blocks;
+    Py_ssize_t cached_blocks = self->ready_blocks + self->pending_blocks;
+    Py_ssize_t allocations = self->upstream_allocations;
+    cache_unlock(self);
+    Py_ssize_t block_bytes = upstream - cached;
+    return Py_BuildValue("{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "in_use_bytes", in_use,
+                         "in_use_block_bytes", block_bytes, "fragmented_bytes",
+                         block_bytes - in_use, "cached_bytes", cached, "pending_bytes", pending,
+                         "upstream_bytes", upstream, "upstream_blocks", blocks,
+                         "live_allocations", blocks - cached_blocks, "cached_blocks",
+                         cached_blocks, "upstream_allocations", allocations);
+}
+
+static PyObject *
+BlockCache_statistics(BlockCache *self, PyObject *unused)
+{
+    if (!cache_usable(self))
+        return NULL;
+    Counters figures;
+    cache_lock(self);
+    memcpy(&figures, self->counts, sizeof figures); /* (the six figures, read as one) */
+    cache_unlock(self);
+    return counters_dict(&figures);
+}
+
+/* The figures recounted from the lists, under the lock. */
+typedef struct {
+    Py_ssize_t ready_bytes, ready_blocks, pending_bytes, pending_blocks;
+    Py_ssize_t misfiled, not_held, no_events, held;
+} Recount;
+
+static PyObject *
+BlockCache_check(BlockCache *self, PyObject *unused)
+{
+    if (!cache_usable(self))
+        return NULL;
+    Recount r = {0};
+    cache_lock(self);
+    for (Py_ssize_t cls = 1; cls < self->nclasses; cls++) {
+        SizeClass *c = &self->classes[cls];
+        for (Py_ssize_t i = 0; i < c->nready + c->npending; i++) {
+            int ready = i < c->nready;
+            Block *block = ready ? c->ready[i] : c->pending[i - c->nready].block;
+            *(ready ? &r.ready_bytes : &r.pending_bytes) += block->size;
+            *(ready ? &r.ready_blocks : &r.pending_blocks) += 1;
+            r.misfiled += block->cls != cls;
+            r.not_held += !cache_holds_locked(self, block);
+            if (!ready) {
+                PyObject *events = c->pending[i - c->nready].events;
+                r.no_events += !PyList_Check(events) || !PyList_GET_SIZE(events);
+            }
+        }
+    }
+    r.held = PyDict_GET_SIZE(self->held);
+    Recount s = {self->ready_bytes, self->ready_blocks, self->pending_bytes,
+                 self->pending_blocks};
+    Py_ssize_t upstream_bytes = self->upstream_bytes, upstream_blocks = self->upstream_blocks;
+    Py_ssize_t in_use_bytes = self->counts->current_bytes;
+    Py_ssize_t in_use = self->counts->current_allocations;
+    cache_unlock(self);
+    Py_ssize_t cached = s.ready_bytes + s.pending_bytes;
+    Py_ssize_t live = upstream_blocks - s.ready_blocks - s.pending_blocks;
+    const char *broken =
+        r.ready_bytes != s.ready_bytes || r.ready_blocks != s.ready_blocks
+            ? "the ready figures are not the sum of the ready lists"
+        : r.pending_bytes != s.pending_bytes || r.pending_blocks != s.pending_blocks
+            ? "the pending figures are not the sum of the pending lists"
+        : r.misfiled ? "a listed block is in another class's list"
+        : r.not_held ? "a listed block is not held from upstream"
+        : r.no_events ? "a pending block waits for no events"
+        : r.held != upstream_blocks ? "upstream_blocks is not the number of blocks held"
+        : in_use != live ? "the allocations counted are not the blocks in use"
+        : in_use_bytes < 0 || in_use_bytes > upstream_bytes - cached
+            ? "the bytes counted in use exceed the bytes of the blocks in use"
+            : NULL;
+    if (broken) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "pool state broken: %s (listed ready %zd B in %zd, pending %zd B in %zd; "
+                     "figures ready %zd B in %zd, pending %zd B in %zd; held %zd, upstream %zd B "
+                     "in %zd; counted %zd B in %zd allocations)",
+                     broken, r.ready_bytes, r.ready_blocks, r.pending_bytes, r.pending_blocks,
+                     s.ready_bytes, s.ready_blocks, s.pending_bytes, s.pending_blocks, r.held,
+                     upstream_bytes, upstream_blocks, in_use_bytes, in_use);
         return NULL;
     }
-    Py_INCREF(block);
-    PyObject *rec = cache_hand_out(self, owner, block, args[1], n);
-    Py_DECREF(owner);
-    return rec;
+    Py_RETURN_NONE;
 }
 
 static PyObject *
@@ -758,18 +1158,31 @@ BlockCache_get_counts(BlockCache *self, void *closure)
 {
     if (!cache_usable(self))
         return NULL;
-    Py_INCREF(self->counts);
-    return (PyObject *)self->counts;
+    return Py_NewRef((PyObject *)self->counts);
+}
+
+static PyObject *
+BlockCache_get_cached_bytes(BlockCache *self, void *closure)
+{
+    return PyLong_FromSsize_t(self->ready_bytes + self->pending_bytes);
 }
 
 static int
 BlockCache_traverse(BlockCache *self, visitproc visit, void *arg)
 {
-    if (self->ready)
-        for (Py_ssize_t c = 1; c < self->nclasses; c++)
-            for (Py_ssize_t k = 0; k < self->ready[c].n; k++)
-                Py_VISIT(self->ready[c].items[k]);
+    if (self->classes)
+        for (Py_ssize_t cls = 1; cls < self->nclasses; cls++) {
+            SizeClass *c = &self->classes[cls];
+            for (Py_ssize_t i = 0; i < c->nready; i++)
+                Py_VISIT(c->ready[i]);
+            for (Py_ssize_t i = 0; i < c->npending; i++) {
+                Py_VISIT(c->pending[i].block);
+                Py_VISIT(c->pending[i].events);
+            }
+        }
     Py_VISIT(self->counts);
+    Py_VISIT(self->held);
+    Py_VISIT(self->is_complete);
     Py_VISIT(self->owner_ref);
     Py_VISIT(self->record_type);
     Py_VISIT(self->context);
@@ -780,17 +1193,24 @@ BlockCache_traverse(BlockCache *self, visitproc visit, void *arg)
 static int
 BlockCache_clear(BlockCache *self)
 {
-    if (self->ready) {
-        for (Py_ssize_t c = 1; c < self->nclasses; c++) {
-            Stack *s = &self->ready[c];
-            while (s->n) {
-                Block *block = s->items[--s->n];
+    if (self->classes) {
+        for (Py_ssize_t cls = 1; cls < self->nclasses; cls++) {
+            SizeClass *c = &self->classes[cls];
+            while (c->nready) {
+                Block *block = c->ready[--c->nready];
                 Py_DECREF(block);
             }
+            while (c->npending) {
+                Pending gone = c->pending[--c->npending];
+                Py_DECREF(gone.block);
+                Py_DECREF(gone.events);
+            }
         }
-        self->ready_bytes = self->ready_blocks = 0;
+        self->ready_bytes = self->ready_blocks = self->pending_bytes = self->pending_blocks = 0;
     }
     Py_CLEAR(self->counts);
+    Py_CLEAR(self->held);
+    Py_CLEAR(self->is_complete);
     Py_CLEAR(self->owner_ref);
     Py_CLEAR(self->record_type);
     Py_CLEAR(self->context);
@@ -805,10 +1225,12 @@ BlockCache_dealloc(BlockCache *self)
     if (self->weakreflist)
         PyObject_ClearWeakRefs((PyObject *)self);
     BlockCache_clear(self);
-    if (self->ready) {
-        for (Py_ssize_t c = 1; c < self->nclasses; c++)
-            PyMem_Free(self->ready[c].items);
-        PyMem_Free(self->ready);
+    if (self->classes) {
+        for (Py_ssize_t cls = 1; cls < self->nclasses; cls++) {
+            PyMem_Free(self->classes[cls].ready);
+            PyMem_Free(self->classes[cls].pending);
+        }
+        PyMem_Free(self->classes);
     }
     if (self->lock)
         PyThread_free_lock(self->lock);
@@ -817,28 +1239,42 @@ BlockCache_dealloc(BlockCache *self)
 
 static PyMethodDef BlockCache_methods[] = {
     {"take", (PyCFunction)(void (*)(void))BlockCache_take, METH_FASTCALL | METH_KEYWORDS,
-     "take(nbytes, alignment=0): an Allocation of nbytes; a ready block of the exact class "
-     "when there is one, else the pool's _allocate_slow(nbytes, alignment)."},
+     "take(nbytes, alignment=0): an Allocation of nbytes; a ready block of its class or up to "
+     "4 classes larger when one comes before any class with pending blocks, else the pool's "
+     "_allocate_slow(nbytes, alignment)."},
+    {"take_cached", (PyCFunction)BlockCache_take_cached, METH_O,
+     "take_cached(nbytes): an Allocation of a cached block that fits nbytes (best fit over its "
+     "class and the next 4: a ready block, or a pending one whose events all completed, at "
+     "most 8 polled per class), or None (nothing fits, or the size is not pooled)."},
+    {"adopt", (PyCFunction)(void (*)(void))BlockCache_adopt, METH_FASTCALL,
+     "adopt(upstream, nbytes): hold a new block over the upstream Allocation and hand out an "
+     "Allocation of its first nbytes bytes."},
     {"give", (PyCFunction)(void (*)(void))BlockCache_give, METH_FASTCALL,
-     "give(block, nbytes, pending): count nbytes given back and keep the block if it is "
-     "pooled and fits under max_cached_bytes (ready, or counted as pending: list it with its "
-     "events before releasing the lock); False: the caller releases it upstream (hold the "
-     "lock)."},
-    {"best_fit", (PyCFunction)(void (*)(void))BlockCache_best_fit, METH_FASTCALL,
-     "best_fit(cls, start): scanning classes start .. cls + 4, the most recent ready block "
-     "of the first class that has one; or the first class on the way whose pending blocks "
-     "must be polled first (an int: call again with start = it + 1); or None (hold the "
-     "lock)."},
-    {"unpend", (PyCFunction)BlockCache_unpend, METH_O,
-     "unpend(block): a pending block left the pending list (hold the lock)."},
-    {"push_ready", (PyCFunction)BlockCache_push_ready, METH_O,
-     "push_ready(block): list a block as ready for reuse (hold the lock)."},
-    {"take_ready", (PyCFunction)BlockCache_take_ready, METH_NOARGS,
-     "take_ready(): remove and return every ready block (hold the lock)."},
-    {"hand_out", (PyCFunction)(void (*)(void))BlockCache_hand_out, METH_FASTCALL,
-     "hand_out(block, nbytes): a new Allocation of the block's first nbytes bytes (each "
-     "hand-out gets a new record, so arrays of an earlier user raise UseAfterFreeError)."},
-    {"__enter__", (PyCFunction)BlockCache_enter, METH_NOARGS, "Take the lock."},
+     "give(block, nbytes, events): count nbytes given back and keep the block if it is "
+     "pooled and fits under max_cached_bytes: ready, or pending until every event of the "
+     "list completed (the cache keeps the list).  False: it left the pool; release it "
+     "upstream after the events."},
+    {"pending_events", (PyCFunction)BlockCache_pending_events, METH_NOARGS,
+     "pending_events(): every event the pending blocks wait for."},
+    {"take_all", (PyCFunction)BlockCache_take_all, METH_NOARGS,
+     "take_all(): remove every cached block from the pool: a list of (block, the events it "
+     "still waits for); release each upstream after its events."},
+    {"holds", (PyCFunction)BlockCache_holds, METH_O,
+     "holds(block): whether block is one the pool holds from upstream."},
+    {"block_size", (PyCFunction)BlockCache_block_size, METH_O,
+     "block_size(nbytes): bytes of the block that serves a request of nbytes (its class's "
+     "size, or nbytes itself for a size too large to pool), or None when nbytes is not in "
+     "1 .. max_alloc."},
+    {"figures", (PyCFunction)BlockCache_figures, METH_NOARGS,
+     "figures(): the pool's byte and block figures as one consistent dict (PoolResource.info)."},
+    {"statistics", (PyCFunction)BlockCache_statistics, METH_NOARGS,
+     "statistics(): the counters' six figures as one consistent dict."},
+    {"check", (PyCFunction)BlockCache_check, METH_NOARGS,
+     "check(): recount the figures from the lists; RuntimeError naming the first that "
+     "disagrees (listed sizes vs ready_bytes / pending_bytes, blocks held vs upstream_blocks, "
+     "allocations counted vs blocks in use)."},
+    {"__enter__", (PyCFunction)BlockCache_enter, METH_NOARGS,
+     "Take the lock (svmkit itself never runs Python code holding it)."},
     {"__exit__", (PyCFunction)BlockCache_exit, METH_VARARGS, "Release the lock."},
     {NULL}};
 
@@ -848,23 +1284,36 @@ static PyMemberDef BlockCache_members[] = {
     {"ready_blocks", T_PYSSIZET, offsetof(BlockCache, ready_blocks), READONLY,
      "number of ready blocks"},
     {"pending_bytes", T_PYSSIZET, offsetof(BlockCache, pending_bytes), READONLY,
-     "bytes of blocks waiting for events (listed by the Python free list)"},
+     "bytes of blocks waiting for events"},
+    {"pending_blocks", T_PYSSIZET, offsetof(BlockCache, pending_blocks), READONLY,
+     "number of blocks waiting for events"},
+    {"upstream_bytes", T_PYSSIZET, offsetof(BlockCache, upstream_bytes), READONLY,
+     "bytes of every block held from upstream"},
+    {"upstream_blocks", T_PYSSIZET, offsetof(BlockCache, upstream_blocks), READONLY,
+     "blocks held from upstream"},
+    {"upstream_allocations", T_PYSSIZET, offsetof(BlockCache, upstream_allocations), READONLY,
+     "blocks ever adopted from upstream"},
     {"nclasses", T_PYSSIZET, offsetof(BlockCache, nclasses), READONLY,
      "classes 1 .. nclasses - 1 are pooled"},
+    {"max_alloc", T_PYSSIZET, offsetof(BlockCache, max_alloc), READONLY,
+     "largest request served (the smallest CL_DEVICE_MAX_MEM_ALLOC_SIZE)"},
     {NULL}};
 
 static PyGetSetDef BlockCache_getset[] = {
     {"max_cached_bytes", (getter)BlockCache_get_max_cached, (setter)BlockCache_set_max_cached,
      "most bytes kept cached (None: no limit)", NULL},
     {"counts", (getter)BlockCache_get_counts, NULL, "the AllocationCounters of the pool", NULL},
+    {"cached_bytes", (getter)BlockCache_get_cached_bytes, NULL,
+     "bytes of cached blocks, ready and pending", NULL},
     {NULL}};
 
 static PyTypeObject BlockCacheType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "svmkit.resources._cpool.BlockCache",
     .tp_basicsize = sizeof(BlockCache),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "BlockCache(owner, record_type, max_alloc, max_cached_bytes=None): a pool's "
-              "lock, ready blocks by size class, byte figures and counters.",
+    .tp_doc = "BlockCache(owner, record_type, max_alloc, is_complete, max_cached_bytes=None): "
+              "a pool's whole state (lock, ready and pending blocks by size class, blocks "
+              "held from upstream, figures, counters) and its allocation paths.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)BlockCache_init,
     .tp_dealloc = (destructor)BlockCache_dealloc,

@@ -33,24 +33,40 @@ typedef struct {
     PyObject *memo;         /* per-block cache that outlives each hand-out (typed views) */
 } Block;
 
+/* A block waiting for events: it is handed out again only once every one completed. */
 typedef struct {
-    Block **items;
-    Py_ssize_t n, cap;
-    Py_ssize_t pending; /* blocks of this class waiting for events (listed in Python) */
-} Stack;
+    Block *block;       /* a reference */
+    PyObject *events;   /* a reference: the non-empty list of events it waits for */
+} Pending;
 
-#define LOOKAHEAD 4 /* a request may take a block up to 4 classes larger (~25 % more) */
+/* One size class of a cache: its ready blocks (a stack: the most recently used memory, the
+ * warmest, goes out first) and its pending blocks (oldest first). */
+typedef struct {
+    Block **ready;
+    Py_ssize_t nready, ready_cap;
+    Pending *pending;
+    Py_ssize_t npending, pending_cap;
+} SizeClass;
 
+#define LOOKAHEAD 4  /* a request may take a block up to 4 classes larger (~25 % more) */
+#define POLL_LIMIT 8 /* pending blocks of one class polled per miss (bounds a miss's cost) */
+#define UNPOOLED 0   /* the class of a size whose class would exceed max_alloc: never cached */
+
+/* A pool's whole state, under its lock: blocks by size class (ready and pending), the byte
+ * and block figures of both, the blocks held from upstream, the counters. */
 typedef struct {
     PyObject_HEAD
     PyThread_type_lock lock;
-    Stack *ready;            /* ready[cls] for classes 1 .. nclasses - 1 */
+    SizeClass *classes;      /* classes[cls] for classes 1 .. nclasses - 1 (the pooled ones) */
     Py_ssize_t nclasses;
-    Py_ssize_t ready_bytes, ready_blocks, pending_bytes;
+    Py_ssize_t ready_bytes, ready_blocks, pending_bytes, pending_blocks;
+    Py_ssize_t upstream_bytes, upstream_blocks, upstream_allocations;
     Py_ssize_t max_cached;   /* -1: no limit */
     Py_ssize_t max_alloc;    /* largest request served here */
     unsigned long generation;
     Counters *counts;
+    PyObject *held;          /* dict: address -> upstream Allocation of every block held */
+    PyObject *is_complete;   /* is_complete(event) -> bool: the driver's status query */
     PyObject *owner_ref;     /* weak reference to the pool (records' resource) */
     PyObject *record_type;   /* svmkit.Allocation */
     PyObject *context, *policy;
@@ -75,9 +91,11 @@ void counters_returned(Counters *c, Py_ssize_t n);
 PyObject *block_bytes_for(Block *self, Py_ssize_t n);
 void cache_lock(BlockCache *self);
 void cache_unlock(BlockCache *self);
-int cache_push_ready(BlockCache *self, Block *block);
 PyObject *cache_owner(BlockCache *self);
-int cache_give_locked(BlockCache *self, Block *block, Py_ssize_t n, int pending);
+/* Count n bytes of block given back and keep the block (ready, or pending on events: a list,
+ * or NULL) when it is pooled and fits under max_cached_bytes; 1: kept, 0: it left the pool
+ * (the caller releases it upstream).  The caller holds the lock. */
+int cache_give_locked(BlockCache *self, Block *block, Py_ssize_t n, PyObject *events);
 /* A new Allocation for n bytes of block (stealing the block reference). */
 PyObject *cache_hand_out(BlockCache *self, PyObject *owner, Block *block, PyObject *nbytes,
                          Py_ssize_t n);
@@ -88,7 +106,7 @@ PyObject *Record_free(Record *self, PyObject *unused);
 extern PyMethodDef numpy_handler_methods[];
 int numpy_handler_init(void);
 
-/* Whether class cls is pooled by cache (has a ready list). */
+/* Whether class cls is pooled by cache (has ready and pending lists). */
 static inline int
 cache_pools(BlockCache *self, Py_ssize_t cls)
 {

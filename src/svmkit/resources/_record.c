@@ -30,31 +30,20 @@ cache_hand_out(BlockCache *self, PyObject *owner, Block *block, PyObject *nbytes
     Record *rec = (Record *)((PyTypeObject *)self->record_type)
                       ->tp_alloc((PyTypeObject *)self->record_type, 0);
     if (!rec) {
-        /* The block goes back to the ready list; the allocation never happened. */
-        /* The allocation never happened: the block goes back to the ready list, or (an
-         * unpooled block) upstream through the pool. */
+        /* The allocation never happened: the block is given back (to the ready list, or,
+         * unpooled or beyond max_cached_bytes, upstream through the pool). */
+        PyObject *exc = fetch_exception();
         cache_lock(self);
-        counters_returned(self->counts, n);
-        int listed = cache_push_ready(self, block) == 0;
+        int kept = cache_give_locked(self, block, n, NULL);
         cache_unlock(self);
-        if (!listed) {
-#if PY_VERSION_HEX >= 0x030C0000
-            PyObject *exc = PyErr_GetRaisedException();
-#else
-            PyObject *type, *value, *tb;
-            PyErr_Fetch(&type, &value, &tb);
-#endif
+        if (!kept) {
             PyObject *r = PyObject_CallMethodOneArg(owner, str_release, (PyObject *)block);
             if (!r)
                 PyErr_WriteUnraisable(owner);
             Py_XDECREF(r);
-            Py_DECREF(block); /* outside the lock: a last reference runs finalisers */
-#if PY_VERSION_HEX >= 0x030C0000
-            PyErr_SetRaisedException(exc);
-#else
-            PyErr_Restore(type, value, tb);
-#endif
         }
+        Py_DECREF(block); /* outside the lock: a last reference runs finalisers */
+        restore_exception(exc);
         return NULL;
     }
     rec->resource = Py_NewRef(owner);
@@ -93,7 +82,7 @@ Record_free(Record *self, PyObject *unused)
             self->freed = 1;
             Block *block = (Block *)self->block;
             cache_lock(cache);
-            int kept = cache_give_locked(cache, block, n, 0);
+            int kept = cache_give_locked(cache, block, n, NULL);
             cache_unlock(cache);
             if (kept)
                 Py_RETURN_NONE;

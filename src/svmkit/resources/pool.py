@@ -1,11 +1,17 @@
 """PoolResource: size-class bins of upstream blocks, reused once their commands finished.
 
 Modelled on RMM's ``pool_memory_resource`` (upstream first, the pool owns what it got
-from upstream) with PyOpenCL's bin layout (:mod:`svmkit.resources._bins`) and RMM's
-stream ordering expressed with OpenCL events: a block freed while recorded commands may
-still use it waits in the cache until every one of those events completed, whichever
-queue they were enqueued on (spec: "the application must ensure that ... no command
-uses the memory after it is freed"; reuse is a free followed by an allocation).
+from upstream) with PyOpenCL's bin layout (:func:`svmkit.resources._cpool.size_class`) and
+RMM's stream ordering expressed with OpenCL events: a block freed while recorded commands
+may still use it waits in the pool's pending list until every one of those events
+completed, whichever queue they were enqueued on (spec: "the application must ensure that
+... no command uses the memory after it is freed"; reuse is a free followed by an
+allocation).
+
+The pool's state has one owner, its C cache (:class:`svmkit.resources._cpool.BlockCache`):
+ready and pending blocks, their figures, the blocks held from upstream, the counters and
+which sizes are pooled.  This module validates requests, talks to upstream and asks the
+cache; it keeps no figure of its own.
 """
 
 from __future__ import annotations
@@ -17,11 +23,10 @@ import pyopencl as cl
 
 from svmkit.driver import fork
 from svmkit.errors import InvalidValueError, OutOfMemoryError
-from svmkit.events import shutting_down
+from svmkit.events import is_complete, shutting_down, wait_pending
 from svmkit.events.release import ensure_release_thread, settle
 from svmkit.policy import check_alignment, check_size
-from svmkit.resources._cpool import Block, BlockCache, class_size, next_generation, size_class
-from svmkit.resources._freelist import FreeList
+from svmkit.resources._cpool import Block, BlockCache, next_generation
 from svmkit.resources.base import Allocation, MemoryResource
 from svmkit.resources.exports import exported_bytes, reclaim
 
@@ -30,7 +35,6 @@ __all__ = ["PoolResource"]
 log = logging.getLogger(__name__)
 
 _NO_EVENTS: list[cl.Event] = []
-_UNPOOLED = 0  # class of blocks too large to round up: never cached, released when freed
 
 
 class PoolResource(MemoryResource):
@@ -50,11 +54,15 @@ class PoolResource(MemoryResource):
       less than ``n + 64`` bytes for ``n <= 1 KiB`` and at most ``17/16 * n`` above.  A
       request is served best-fit: a cached block of its own class, else the smallest
       cached block of the next 4 classes (at most ~25 % larger), else a new upstream block.
+      Ready blocks of a class go out last-in first-out (the warmest memory first).  A size
+      whose class would round up beyond the devices' ``CL_DEVICE_MAX_MEM_ALLOC_SIZE`` gets
+      a block of exactly its size, never cached.
     * Every block is aligned to the device's largest data type (``clSVMAlloc``'s default),
       so every alignment the spec allows is met.
     * A freed block is reused only after the events recorded on its allocation completed
-      (its status is polled; the pool never enqueues anything).  ``enqueue_free`` on one
-      queue and reuse on another are therefore ordered as the spec requires.
+      (the pool polls their status, at most 8 blocks of a class per allocation that needs
+      it, and never enqueues anything), so ``free()`` never blocks, and ``enqueue_free`` on
+      one queue and reuse on another are ordered as the spec requires.
     * On upstream :class:`~svmkit.OutOfMemoryError` the pool waits for its pending blocks,
       returns its whole cache upstream and retries once.
     * Each hand-out is a new :class:`Allocation`, so arrays left from an earlier user of a
@@ -62,6 +70,7 @@ class PoolResource(MemoryResource):
     """
 
     upstream: MemoryResource
+    svmkit_exit_events = "_pending_events"  # waited for at exit (svmkit.events.exit_wait)
 
     def __init__(
         self,
@@ -83,27 +92,20 @@ class PoolResource(MemoryResource):
         self.context = upstream.context
         self.policy = upstream.policy
         self.capabilities = upstream.capabilities
-        self._max_alloc = min(d.max_alloc_bytes for d in self.capabilities.devices)
-        # The lock, the ready blocks and the counters (StatisticsAdaptor's, kept under the
-        # pool's own lock so a pooled allocation takes one lock, not three) live in C; so
-        # does the common case of an allocation: this instance's `allocate` is the cache's
-        # `take`, which calls `_allocate_slow` below whenever it does not apply.
-        # A collection may run inside the pool's lock and finalise an unfreed allocation
-        # of this pool in a reference cycle: the release thread must be there to take that
-        # free over (Allocation._finalize), since the lock cannot be taken twice.
+        # The pool's whole state lives in C, under the cache's lock: ready and pending
+        # blocks (each pending one with its events, polled through `is_complete`), the
+        # blocks held from upstream (so the collector never frees one behind a pooled array
+        # dying in a reference cycle), every figure and the counters (StatisticsAdaptor's,
+        # so a pooled allocation takes one lock, not three).  So is the common case of an
+        # allocation: this instance's `allocate` is the cache's `take`, which calls
+        # `_allocate_slow` below whenever it does not apply.
+        # A collection may finalise an unfreed allocation of this pool while a thread holds
+        # the lock (svmkit runs no Python code under it, but a caller may take it): the
+        # release thread must be there to take that free over (Allocation._finalize).
         ensure_release_thread()
-        self._cache = BlockCache(self, Allocation, self._max_alloc, max_cached_bytes)
-        self._free = FreeList(self._cache)
-        self._counts = self._cache.counts
+        max_alloc = min(d.max_alloc_bytes for d in self.capabilities.devices)
+        self._cache = BlockCache(self, Allocation, max_alloc, is_complete, max_cached_bytes)
         self.allocate = self._cache.take  # type: ignore[method-assign]
-        # Every upstream allocation behind a block, held by the pool itself: a pooled
-        # array that dies in a reference cycle takes its Block along into the garbage, and
-        # the collector would run the upstream allocation's finaliser (clSVMFree) while the
-        # dying array's own finaliser puts the block back in the cache for reuse.
-        self._held: dict[int, Allocation] = {}
-        self._upstream_bytes = 0  # bytes of every block the pool holds from upstream
-        self._upstream_blocks = 0  # blocks the pool holds from upstream
-        self._upstream_allocations = 0  # upstream.allocate calls that succeeded
 
     @property
     def max_cached_bytes(self) -> int | None:
@@ -115,46 +117,41 @@ class PoolResource(MemoryResource):
         """A block of at least ``nbytes`` bytes, from the cache when one is free to reuse.
 
         (An instance's ``allocate`` is its C cache's ``take``: a ready block of the
-        request's own size class, else this method's body, :meth:`_allocate_slow`.)
+        request's size class or up to 4 classes larger, else :meth:`_allocate_slow`.)
         """
         allocation: Allocation = self._cache.take(nbytes, alignment)
         return allocation
 
     def _allocate_slow(self, nbytes: int, alignment: int = 0) -> Allocation:
-        """Every allocation the C fast path does not serve: a first-seen or invalid size,
-        an alignment to check, a best fit across classes, a pending block, growth."""
+        """Every allocation the C fast path does not serve: a size to check, an alignment
+        to check, a class with pending blocks to poll, growth."""
         if fork.forked:
             fork.check_owned(self.context, f"this {type(self).__name__}")
-        cls = self._classify(nbytes)
+        size = self._block_size(nbytes)
         if alignment:
             check_alignment(alignment, self.capabilities)  # blocks meet every valid one
-        if not nbytes:
+        if not size:
             return Allocation(self, 0, 0)
-        block = None
-        if cls:  # (an unpooled size is never cached: it goes to upstream and back)
-            with self._cache:
-                block = self._free.pop(cls)
-                if block is not None:
-                    self._counts.taken(nbytes)
-        if block is None:
-            block = self._grow(cls, nbytes)
-        allocation: Allocation = self._cache.hand_out(block, nbytes)
+        cached: Allocation | None = self._cache.take_cached(nbytes)
+        if cached is not None:
+            return cached
+        allocation: Allocation = self._cache.adopt(self._grow(nbytes, size), nbytes)
         return allocation
 
-    def _classify(self, nbytes: int) -> int:
-        """The size class of a valid request (0: zero bytes, or too large to pool)."""
+    def _block_size(self, nbytes: int) -> int:
+        """Bytes of the block that serves a valid request, as the cache decides (0: zero
+        bytes); an invalid size raises (``clSVMAlloc``'s size rule, :func:`check_size`)."""
         if isinstance(nbytes, bool) or not isinstance(nbytes, int):
             raise InvalidValueError(f"size must be an int, got {nbytes!r}")
-        if not 0 < nbytes <= self._max_alloc:
+        size = self._cache.block_size(nbytes)
+        if size is None:  # zero, negative or beyond a device's limit
             check_size(nbytes, self.capabilities)
-        if nbytes == 0:
             return 0
-        cls = size_class(nbytes)
-        return _UNPOOLED if class_size(cls) > self._max_alloc else cls
+        return size
 
-    def _grow(self, cls: int, nbytes: int) -> Block:
-        """A new block from upstream; on OutOfMemoryError release the cache, retry once."""
-        size = class_size(cls) if cls else nbytes
+    def _grow(self, nbytes: int, size: int) -> Allocation:
+        """A new ``size``-byte upstream allocation; on OutOfMemoryError release the cache
+        and retry once."""
         try:
             upstream = self.upstream.allocate(size)
         except OutOfMemoryError:
@@ -177,14 +174,7 @@ class PoolResource(MemoryResource):
                 nbytes=nbytes,
                 cl_error="CL_MEM_OBJECT_ALLOCATION_FAILURE",
             )
-        block = Block(cls, upstream)
-        with self._cache:
-            self._held[block.ptr] = upstream
-            self._upstream_bytes += block.size
-            self._upstream_blocks += 1
-            self._upstream_allocations += 1
-            self._counts.taken(nbytes)
-        return block
+        return upstream
 
     def _out_of_memory(self, nbytes: int, size: int, cause: OutOfMemoryError) -> OutOfMemoryError:
         figures = self.info()
@@ -208,8 +198,7 @@ class PoolResource(MemoryResource):
 
     def _holds(self, allocation: Allocation) -> bool:
         """Whether ``allocation`` is a hand-out of one of this pool's blocks."""
-        block = allocation.block
-        return isinstance(block, Block) and self._held.get(block.ptr) is block.upstream
+        return self._cache.holds(allocation.block)
 
     # -- deallocation ----------------------------------------------------------------------
     def deallocate(self, allocation: Allocation) -> None:
@@ -217,20 +206,13 @@ class PoolResource(MemoryResource):
         block: Block = allocation.block
         record = allocation._events
         events = record.take() if record else _NO_EVENTS
-        with self._cache:  # (counted and listed in one step: figures never see it half-kept)
-            kept = self._cache.give(block, allocation.nbytes, bool(events))
-            if kept and events:
-                self._free.push_pending(block, events)
-        if not kept:
-            self._release_block(block, events)
+        # (counted, and listed ready or pending with its events, in one step of the cache)
+        if not self._cache.give(block, allocation.nbytes, events):
+            _release_upstream(block, events)
 
     def _release_block(self, block: Block, events: list[cl.Event] = _NO_EVENTS) -> None:
-        """Give a block the cache does not keep (unpooled, or beyond ``max_cached_bytes``)
-        back upstream once ``events`` completed."""
-        with self._cache:
-            self._upstream_bytes -= block.size
-            self._upstream_blocks -= 1
-            self._held.pop(block.ptr, None)
+        """Give back upstream, once ``events`` completed, a block that has left the pool (the
+        C paths' release: unpooled, or beyond ``max_cached_bytes``)."""
         _release_upstream(block, events)
 
     # -- cache control ---------------------------------------------------------------------
@@ -242,18 +224,18 @@ class PoolResource(MemoryResource):
         return self._release_cache(wait=False)
 
     def _release_cache(self, *, wait: bool) -> int:
-        with self._cache:
-            if wait:
-                self._free.wait_pending()
-            cached = self._free.take_all()
-            released = sum(block.size for block, _ in cached)
-            self._upstream_bytes -= released
-            self._upstream_blocks -= len(cached)
-            for block, _ in cached:
-                self._held.pop(block.ptr, None)
+        """Return every cached block upstream; ``wait``: first block until the pending
+        ones' events completed (out of memory), so their memory is free on return."""
+        if wait:
+            wait_pending(self._cache.pending_events())
+        cached = self._cache.take_all()
         for block, events in cached:
             _release_upstream(block, events)
-        return released
+        return sum(block.size for block, _ in cached)
+
+    def _pending_events(self) -> list[cl.Event]:
+        """The events the pool's pending blocks wait for (the exit wait polls them)."""
+        return self._cache.pending_events()
 
     def info(self) -> dict[str, int]:
         """The pool's figures in bytes and blocks.
@@ -267,22 +249,7 @@ class PoolResource(MemoryResource):
         if fork.forked:
             fork.check_owned(self.context, f"this {type(self).__name__}")
         settle()  # exact when read: releases handed over by finalizers counted first
-        with self._cache:
-            free = self._free
-            block_bytes = self._upstream_bytes - free.cached_bytes
-            in_use = self._counts.current_bytes
-            return {
-                "in_use_bytes": in_use,
-                "in_use_block_bytes": block_bytes,
-                "fragmented_bytes": block_bytes - in_use,
-                "cached_bytes": free.cached_bytes,
-                "pending_bytes": free.pending_bytes,
-                "upstream_bytes": self._upstream_bytes,
-                "upstream_blocks": self._upstream_blocks,
-                "live_allocations": self._upstream_blocks - len(free),
-                "cached_blocks": len(free),
-                "upstream_allocations": self._upstream_allocations,
-            }
+        return self._cache.figures()
 
     def statistics(self) -> dict[str, int]:
         """The counters :class:`StatisticsAdaptor` keeps, for allocations of this pool:
@@ -292,14 +259,13 @@ class PoolResource(MemoryResource):
         if fork.forked:
             fork.check_owned(self.context, f"this {type(self).__name__}")
         settle()
-        with self._cache:
-            return self._counts.snapshot()
+        return self._cache.statistics()
 
     @property
     def cached_bytes(self) -> int:
         """Bytes the pool holds for reuse (ready and pending)."""
         settle()
-        return self._free.cached_bytes
+        return self._cache.cached_bytes
 
 
 fork.in_child(next_generation)  # the parent's caches defer to Python there, which refuses them
