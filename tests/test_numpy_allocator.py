@@ -504,3 +504,24 @@ print("done")
 """
     proc = run_python(code)
     assert_quiet_exit(proc, last_line="done")
+
+
+def test_the_kept_kernel_pointer_follows_each_hand_out(
+    queue: cl.CommandQueue, prg: sk.Program, host_pool: sk.StatisticsAdaptor
+) -> None:
+    with sk.numpy_allocator(host_pool):
+        first = np.zeros(256, np.float32)
+    address = first.ctypes.data
+    for _ in range(3):  # the second and third launches use the pointer kept for it
+        prg.add_one(queue, first.shape, None, first)
+    queue.finish()
+    assert (first == 3).all()
+    del first
+    with sk.numpy_allocator(host_pool):
+        second = np.full(256, 10, np.float32)  # the same block, a new allocation
+        shorter = np.full(200, 5, np.float32)
+    assert second.ctypes.data == address
+    prg.add_one(queue, second.shape, None, second)
+    prg.add_one(queue, (200,), None, shorter)
+    queue.finish()
+    assert (second == 11).all() and (shorter == 6).all()

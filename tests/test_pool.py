@@ -351,7 +351,7 @@ def test_a_failing_status_query_leaves_the_pending_block_listed(ctx: cl.Context)
     assert cache.pending_blocks == 1 and cache.statistics()["current_allocations"] == 0
     cache.check()
     gate.set_status(cl.command_execution_status.COMPLETE)
-    (block, events), = cache.take_all()
+    ((block, events),) = cache.take_all()
     assert events == [gate] and cache.upstream_blocks == 0
     block.upstream.free()
 

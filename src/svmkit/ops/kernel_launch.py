@@ -21,6 +21,7 @@ from svmkit.errors import InvalidContextError, InvalidValueError
 from svmkit.events.record import WaitFor, wait_list
 from svmkit.ops.placeholder import placeholder
 from svmkit.policy import Granularity
+from svmkit.resources._cpool import numpy_argument
 from svmkit.resources.base import Allocation, record_event
 from svmkit.rules import (
     check_kernel_context,
@@ -121,10 +122,26 @@ def launch(
                 call_args[i] = placeholder(context)
             elif alloc.policy.granularity is _SYSTEM:
                 system = True
+        elif type(arg) is _NDARRAY and arg.ndim:  # memory of sk.numpy_allocator's
+            try:  # (the address table's lookup and the kept SVM pointer, in C)
+                found = numpy_argument(arg, _SVM_POINTER)
+            except ValueError:  # a strided view: its pointer is made below
+                found = None
+            if found is not None and (found[0].context is context or found[0].context == context):
+                alloc, pointer = found
+            else:  # not svmkit's or another context's (both raise), or a strided view
+                alloc = _numpy_argument(i, arg, context)
+                pointer = _svm_pointer(arg, alloc)
+            allocs.append(alloc)
+            if call_args is None:
+                call_args = list(args)
+            call_args[i] = pointer
+            if alloc.policy.granularity is _SYSTEM:
+                system = True
         elif isinstance(arg, _PLAIN_BASES):
             _plain_types.add(type(arg))  # (next time one set lookup decides)
-        elif isinstance(arg, np.ndarray) and arg.ndim:
-            alloc = _numpy_argument(i, arg, context)  # memory of sk.numpy_allocator's
+        elif isinstance(arg, np.ndarray) and arg.ndim:  # (a subclass of ndarray)
+            alloc = _numpy_argument(i, arg, context)
             allocs.append(alloc)
             call_args = call_args or list(args)
             call_args[i] = _svm_pointer(arg, alloc)
@@ -181,6 +198,8 @@ def launch(
 
 
 _SYSTEM = Granularity.SYSTEM
+_NDARRAY = np.ndarray
+_SVM_POINTER = calls.svm_pointer
 _COMMAND_QUEUE = cl.CommandQueue
 TRACKED_KERNELS: set[type] = set()
 """The kernel classes whose ``__call__`` is :func:`launch` (:class:`svmkit.Kernel` and its
@@ -197,35 +216,46 @@ def _numpy_argument(index: int, arg: np.ndarray[Any, Any], context: cl.Context) 
 
     Raises
     ------
-    InvalidValueError
-        The array's memory is not svmkit's: a kernel reaches memory through SVM pointers,
-        and PyOpenCL would pass the array's bytes by value (``CL_INVALID_ARG_SIZE``).
-    InvalidContextError
-        Its allocation belongs to another context.
+    InvalidValueError, InvalidContextError
+        See :func:`_numpy_argument_error`.
     """
     alloc = allocation_of(arg)
+    if alloc is None or (alloc.context is not context and alloc.context != context):
+        raise _numpy_argument_error(index, arg, alloc)
+    return alloc
+
+
+def _numpy_argument_error(
+    index: int, arg: np.ndarray[Any, Any], alloc: Allocation | None
+) -> InvalidValueError | InvalidContextError:
+    """Why a NumPy array cannot be kernel argument ``index`` (-1: a ``uses`` entry).
+
+    ``InvalidValueError`` when its memory is not svmkit's (``alloc`` None): a kernel reaches
+    memory through SVM pointers, and PyOpenCL would pass the array's bytes by value
+    (``CL_INVALID_ARG_SIZE``); ``InvalidContextError`` when its allocation belongs to
+    another context.
+    """
     what = "a `uses` entry" if index < 0 else f"kernel argument {index}"
     if alloc is None:
-        raise InvalidValueError(
+        return InvalidValueError(
             f"{what} is a NumPy array (shape {arg.shape}, dtype {arg.dtype}) in host memory, "
             "which the device cannot address; copy it into SVM with sk.asarray(ctx, array), "
             "or create it inside `with sk.numpy_allocator():` so that NumPy allocates it in SVM"
         )
-    if alloc.context is not context and alloc.context != context:
-        raise InvalidContextError(
-            f"{what} is a NumPy array in SVM of another context ({alloc!r}); copy it with "
-            "sk.asarray(ctx, array)"
-        )
-    return alloc
+    return InvalidContextError(
+        f"{what} is a NumPy array in SVM of another context ({alloc!r}); copy it with "
+        "sk.asarray(ctx, array)"
+    )
 
 
 def _svm_pointer(arg: np.ndarray[Any, Any], alloc: Allocation) -> cl.SVM:
     """PyOpenCL's SVM pointer to element 0 of ``arg`` (a strided view: from element 0 to
     the end of the bytes it touches, as :class:`SVMArray` does)."""
-    if arg.flags.c_contiguous or arg.flags.f_contiguous:
-        return calls.svm_pointer(arg)
-    first = int(arg.__array_interface__["data"][0]) - alloc.ptr
-    return calls.svm_pointer(alloc.u8[first : byte_extent(arg)[1] - alloc.ptr])
+    try:
+        return _SVM_POINTER(arg)  # contiguous (C or Fortran order)
+    except ValueError:  # PyOpenCL: "ndarray is not contiguous"
+        first = int(arg.__array_interface__["data"][0]) - alloc.ptr
+        return _SVM_POINTER(alloc.u8[first : byte_extent(arg)[1] - alloc.ptr])
 
 
 def _listable(alloc: Allocation) -> bool:

@@ -59,7 +59,8 @@
 
 typedef struct {
     uintptr_t key;
-    Record *record; /* a strong reference */
+    Record *record;   /* a strong reference */
+    PyObject *pointer; /* its PyOpenCL SVM pointer, made at its first kernel use, or NULL */
 } Slot;
 
 static Slot *slots = NULL;
@@ -108,6 +109,7 @@ table_insert(uintptr_t key, Record *record)
         nused++;
     slots[j].key = key;
     slots[j].record = record;
+    slots[j].pointer = NULL;
     nlive++;
     return 0;
 }
@@ -136,6 +138,7 @@ table_remove(uintptr_t key)
     Record *record = slot->record;
     slot->key = TOMBSTONE;
     slot->record = NULL;
+    Py_CLEAR(slot->pointer); /* (a PyOpenCL object over the block's bytes: no Python runs) */
     nlive--;
     return record;
 }
@@ -533,25 +536,75 @@ is_svmkit_handler(PyObject *capsule)
     return h && h->allocator.malloc == handler_malloc;
 }
 
+static Slot *owner_slot(PyArrayObject *arr);
+
 static PyObject *
 py_numpy_allocation(PyObject *mod, PyObject *obj)
 {
-    if (!PyArray_Check(obj))
-        Py_RETURN_NONE;
-    PyArrayObject *arr = (PyArrayObject *)obj;
-    /* the array that owns the data: views lead there through their bases */
+    Slot *slot = PyArray_Check(obj) ? owner_slot((PyArrayObject *)obj) : NULL;
+    return Py_NewRef(slot ? (PyObject *)slot->record : Py_None);
+}
+
+/* The table's slot of the array that owns arr's data, or NULL (not an svmkit handler's). */
+static Slot *
+owner_slot(PyArrayObject *arr)
+{
     for (int hops = 0; !PyArray_CHKFLAGS(arr, NPY_ARRAY_OWNDATA); hops++) {
         PyObject *base = PyArray_BASE(arr);
         if (!base || !PyArray_Check(base) || hops > 1000)
-            Py_RETURN_NONE;
+            return NULL;
         arr = (PyArrayObject *)base;
     }
     if (!is_svmkit_handler(PyArray_HANDLER(arr)))
-        Py_RETURN_NONE;
+        return NULL;
     Slot *slot = table_find((uintptr_t)PyArray_DATA(arr));
-    if (!slot || ((Record *)slot->record)->freed)
+    return slot && !slot->record->freed ? slot : NULL;
+}
+
+/* numpy_argument(ndarray, make_pointer): (allocation, SVM pointer) of an allocator-made array
+ * given as a kernel argument, or None.  The pointer of an array that spans its whole
+ * allocation from its start (the common case: the array NumPy made) is made once,
+ * make_pointer(allocation.u8), and kept with the table's entry; any other array's is
+ * make_pointer(ndarray) (PyOpenCL's ValueError for a non-contiguous one propagates). */
+static PyObject *
+py_numpy_argument(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "numpy_argument(ndarray, make_pointer)");
+        return NULL;
+    }
+    if (!PyArray_Check(args[0]))
         Py_RETURN_NONE;
-    return Py_NewRef((PyObject *)slot->record);
+    PyArrayObject *arr = (PyArrayObject *)args[0];
+    Slot *slot = owner_slot(arr);
+    if (!slot)
+        Py_RETURN_NONE;
+    Record *record = slot->record;
+    PyObject *pointer = NULL;
+    int whole = PyArray_IS_C_CONTIGUOUS(arr) &&
+                PyLong_AsVoidPtr(record->ptr) == PyArray_DATA(arr) &&
+                PyLong_AsSsize_t(record->nbytes) == PyArray_NBYTES(arr);
+    if (whole && slot->pointer) {
+        pointer = Py_NewRef(slot->pointer);
+    }
+    else if (whole) {
+        Py_INCREF(record); /* (make_pointer runs Python: the slot may move meanwhile) */
+        PyObject *u8 = PyObject_GetAttr((PyObject *)record, str_u8);
+        pointer = u8 ? PyObject_CallOneArg(args[1], u8) : NULL;
+        Py_XDECREF(u8);
+        Slot *again = pointer ? owner_slot(arr) : NULL;
+        if (again && again->record == record && !again->pointer)
+            again->pointer = Py_NewRef(pointer);
+        Py_DECREF(record);
+    }
+    else {
+        pointer = PyObject_CallOneArg(args[1], args[0]);
+    }
+    if (!pointer)
+        return NULL;
+    PyObject *out = PyTuple_Pack(2, (PyObject *)record, pointer);
+    Py_DECREF(pointer);
+    return out;
 }
 
 static PyObject *
@@ -634,6 +687,10 @@ PyMethodDef numpy_handler_methods[] = {
     {"numpy_allocation", py_numpy_allocation, METH_O,
      "numpy_allocation(ndarray): the live Allocation behind the array's data (through its "
      "bases), or None when its memory is not an svmkit handler's."},
+    {"numpy_argument", (PyCFunction)(void (*)(void))py_numpy_argument, METH_FASTCALL,
+     "numpy_argument(ndarray, make_pointer): (allocation, PyOpenCL SVM pointer) of an "
+     "allocator-made array as a kernel argument (the whole allocation's pointer made once), "
+     "or None."},
     {"numpy_blocks", py_numpy_blocks, METH_NOARGS,
      "How many allocations the handlers' table lists (live NumPy data in svmkit memory)."},
     {"system_alloc", py_system_alloc, METH_VARARGS,
