@@ -142,8 +142,12 @@ class NumpyAllocator:
         _numpy_resource.reset(token)
 
     def install(self) -> None:
-        """Make this the handler for the rest of the current context (tasks and threads
-        started from it copy it, as context variables do)."""
+        """Make this the handler for the rest of the current context.
+
+        Tasks (``asyncio``) and ``contextvars`` copies made from the context inherit it,
+        as context variables do; a thread does not: before Python 3.14 (and on 3.14
+        without ``sys.flags.thread_inherit_context``) a new thread starts in an empty
+        context, with NumPy's default handler, and installs its own."""
         _numpy_resource.set(self.resource)
         _cpool.set_numpy_handler(_handler())
 
