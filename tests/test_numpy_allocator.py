@@ -463,6 +463,37 @@ def test_svmkit_calls_inside_the_block_do_not_deadlock(
     assert in_svm(live)
 
 
+def test_an_array_collected_while_its_pool_holds_its_lock_is_freed_without_deadlock() -> None:
+    """A garbage collection may run at any allocation, the pool's own bookkeeping under its
+    lock included; NumPy frees a collected array's data there, and the handler hands that
+    free to the release thread instead of taking the lock again (a fresh interpreter: the
+    deadlock would hang it)."""
+    _host_policy(sk.default_context())
+    code = """
+import faulthandler, gc
+import numpy as np, svmkit as sk
+from svmkit.resources import _cpool
+from svmkit.resources.numpy_allocator import host_policy
+faulthandler.dump_traceback_later(30, exit=True)
+ctx = sk.default_context()
+pool = sk.PoolResource(sk.SVMResource(ctx, host_policy(ctx)))
+class Node:
+    pass
+with sk.numpy_allocator(pool):
+    node = Node()
+    node.me, node.data = node, np.arange(100.0)
+blocks = _cpool.numpy_blocks()
+del node
+with pool._cache:  # what a collection at an allocation under the pool's lock meets
+    gc.collect()
+info = pool.info()  # (runs what was handed to the release thread, if it has not yet)
+print(blocks - _cpool.numpy_blocks(), info["live_allocations"], info["cached_blocks"])
+"""
+    proc = run_python(code, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", "0", "1"], proc.stdout + proc.stderr
+
+
 # -- processes ---------------------------------------------------------------------------------
 
 
