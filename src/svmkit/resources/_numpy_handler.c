@@ -24,8 +24,10 @@
  * it (realloc in text-mode np.fromstring / np.fromfile): each takes the GIL first, and the
  * GIL guards the table.  Python code run inside (a pool's slow path, a garbage collection)
  * may allocate arrays itself: such nested requests get plain malloc memory (svmkit's own
- * temporaries never come from the handler, and no pool lock is taken twice).  free() tells
- * the two apart by the table.
+ * temporaries never come from the handler, and no pool lock is taken twice).  So do
+ * requests made during any garbage collection (a finaliser's arrays): the collection may
+ * have interrupted svmkit's code holding a pool's lock.  free() tells the two apart by the
+ * table.
  *
  * NEP 49 handlers are immortal (NumPy keeps a reference in every array it made): a handler
  * and its resource live for the process.  The size NumPy passes to free is a best guess:
@@ -184,11 +186,14 @@ finalizing(void)
 }
 
 /* Whether a request must get plain memory: stopped, a child's inherited handler, the
- * interpreter going down, or a nested request. */
+ * interpreter going down, a nested request, or one during a garbage collection (a
+ * finaliser making an array: the collection may have interrupted a pool holding its lock
+ * on this thread, which the pool's allocate would take again). */
 static inline int
 plain_only(HandlerState *state)
 {
-    return stopped || state->generation != generation || depth > 0 || finalizing();
+    return stopped || state->generation != generation || depth > 0 || collecting ||
+           finalizing();
 }
 
 /* The allocate callable of the resource a request draws from now (a borrowed reference),
