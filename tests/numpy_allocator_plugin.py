@@ -32,9 +32,9 @@ arrays left more than :data:`TRIM_ABOVE` bytes cached, the plugin gives the cach
 are freed.
 
 The allocator reports a failure it cannot return to NumPy (a free that raised, an allocation
-NumPy turns into its own ``MemoryError``) as a warning of the ``svmkit`` logger: the plugin
-collects those, with the test that was running, from every worker (pytest-xdist's worker
-output), and lists them in the terminal summary.
+NumPy turns into its own ``MemoryError``) as a warning of its logger
+(:data:`ALLOCATOR_LOGGER`): the plugin collects those, with the test that was running, from
+every worker (pytest-xdist's worker output), and lists them in the terminal summary.
 """
 
 from __future__ import annotations
@@ -55,13 +55,15 @@ _allocator: sk.NumpyAllocator | None = None
 """The allocator of this session (made at ``pytest_configure``)."""
 
 WORKER_OUTPUT_KEY = "svmkit_numpy_allocator_warnings"
+ALLOCATOR_LOGGER = "svmkit.resources.numpy_allocator"
+"""The logger the handler reports to (failures it cannot return to NumPy)."""
 
 TRIM_ABOVE = 256 << 20
 """Bytes a resource may keep cached between tests before the plugin trims it."""
 
 
 class _Warnings(logging.Handler):
-    """The svmkit logger's warnings of this process, each with the test it came in."""
+    """The allocator's warnings in this process, each with the test it came in."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -120,7 +122,7 @@ def install() -> sk.NumpyAllocator:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    logging.getLogger("svmkit").addHandler(_warnings)
+    logging.getLogger(ALLOCATOR_LOGGER).addHandler(_warnings)
     config.stash[_collected] = []
     install()
 
@@ -163,11 +165,11 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     messages = config.stash[_collected]
     terminalreporter.section("svmkit NumPy allocator")
-    terminalreporter.write_line(f"{len(messages)} warning(s) of the svmkit logger")
+    terminalreporter.write_line(f"{len(messages)} warning(s) of the allocator")
     for message in messages[:50]:
         terminalreporter.write_line(f"  {message}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    logging.getLogger("svmkit").removeHandler(_warnings)
+    logging.getLogger(ALLOCATOR_LOGGER).removeHandler(_warnings)
     threading.setprofile(None)
