@@ -463,6 +463,42 @@ def test_svmkit_calls_inside_the_block_do_not_deadlock(
     assert in_svm(live)
 
 
+def test_a_collection_while_the_pool_holds_its_lock_frees_and_allocates_without_deadlock() -> None:
+    """A garbage collection may run at any allocation, the pool's own bookkeeping under its
+    lock included.  NumPy frees a collected array's data there (the handler hands that free
+    to the release thread instead of taking the lock again), and a finaliser may make an
+    array there (it gets plain memory).  In a fresh interpreter: the deadlock would hang it.
+    """
+    _host_policy(sk.default_context())
+    code = """
+import faulthandler, gc
+import numpy as np, svmkit as sk
+from svmkit.resources import _cpool
+from svmkit.resources.numpy_allocator import host_policy
+faulthandler.dump_traceback_later(30, exit=True)
+ctx = sk.default_context()
+pool = sk.PoolResource(sk.SVMResource(ctx, host_policy(ctx)))
+made = []
+class Node:
+    def __del__(self):
+        made.append(np.arange(10.0))
+with sk.numpy_allocator(pool):
+    node = Node()
+    node.me, node.data = node, np.arange(100.0)
+    np.arange(10.0)  # (the pool's block of that class: the finaliser's request would reuse it)
+    blocks = _cpool.numpy_blocks()
+    del node
+    with pool._cache:  # what a collection at an allocation under the pool's lock meets
+        gc.collect()
+info = pool.info()  # (runs what was handed to the release thread, if it has not yet)
+print(blocks - _cpool.numpy_blocks(), info["live_allocations"], made[0].sum(),
+      _cpool.numpy_allocation(made[0]))
+"""
+    proc = run_python(code, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", "0", "45.0", "None"], proc.stdout + proc.stderr
+
+
 # -- processes ---------------------------------------------------------------------------------
 
 

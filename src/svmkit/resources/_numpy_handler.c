@@ -13,14 +13,21 @@
  *            the copy reads what the device wrote);
  *   free     the record leaves the table and is freed: a pooled block with nothing recorded
  *            goes straight back to its pool's ready list (Record_free), one with recorded
- *            work waits in the pool's pending list, so free never blocks.
+ *            work waits in the pool's pending list, so free never blocks.  During a
+ *            garbage collection (an array in a reference cycle) the free is handed to
+ *            svmkit's release thread instead: the collection may have interrupted this
+ *            thread while it held the pool's lock (the pool's Python code runs under it),
+ *            which Record_free would take again: a deadlock (Allocation._finalize defers
+ *            the same way).
  *
  * NumPy calls these functions with the GIL held (array creation, deallocation) and without
  * it (realloc in text-mode np.fromstring / np.fromfile): each takes the GIL first, and the
  * GIL guards the table.  Python code run inside (a pool's slow path, a garbage collection)
  * may allocate arrays itself: such nested requests get plain malloc memory (svmkit's own
- * temporaries never come from the handler, and no pool lock is taken twice).  free() tells
- * the two apart by the table.
+ * temporaries never come from the handler, and no pool lock is taken twice).  So do
+ * requests made during any garbage collection (a finaliser's arrays): the collection may
+ * have interrupted svmkit's code holding a pool's lock.  free() tells the two apart by the
+ * table.
  *
  * NEP 49 handlers are immortal (NumPy keeps a reference in every array it made): a handler
  * and its resource live for the process.  The size NumPy passes to free is a best guess:
@@ -150,6 +157,8 @@ typedef struct {
 } HandlerState;
 
 static int stopped = 0;          /* after svmkit's exit hook: plain memory only */
+static int collecting = 0;       /* garbage collections in progress (gc.callbacks) */
+static PyObject *free_later = NULL; /* (record) -> None: a free during a collection */
 static _Thread_local int depth;  /* > 0: inside a handler call on this thread */
 
 /* Which resource a request draws from.  `resource_var` (a context variable set with NumPy's
@@ -180,11 +189,14 @@ finalizing(void)
 }
 
 /* Whether a request must get plain memory: stopped, a child's inherited handler, the
- * interpreter going down, or a nested request. */
+ * interpreter going down, a nested request, or one during a garbage collection (a
+ * finaliser making an array: the collection may have interrupted a pool holding its lock
+ * on this thread, which the pool's allocate would take again). */
 static inline int
 plain_only(HandlerState *state)
 {
-    return stopped || state->generation != generation || depth > 0 || finalizing();
+    return stopped || state->generation != generation || depth > 0 || collecting ||
+           finalizing();
 }
 
 /* The allocate callable of the resource a request draws from now (a borrowed reference),
@@ -367,7 +379,16 @@ handler_free(void *ctx, void *ptr, size_t size)
     }
     PyObject *exc = fetch_exception();
     depth++;
-    free_record(record);
+    if (collecting && free_later) {
+        /* (no lock taken here: the release thread frees it) */
+        PyObject *r = PyObject_CallOneArg(free_later, (PyObject *)record);
+        if (!r)
+            report("free");
+        Py_XDECREF(r);
+        Py_DECREF(record);
+    }
+    else
+        free_record(record);
     depth--;
     restore_exception(exc);
     PyGILState_Release(gil);
@@ -508,6 +529,31 @@ py_configure(PyObject *mod, PyObject *args)
     Py_XSETREF(selected_var, Py_NewRef(selected));
     Py_XSETREF(resource_var, Py_NewRef(resource));
     resources_version++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+py_configure_free_in_gc(PyObject *mod, PyObject *callable)
+{
+    if (!PyCallable_Check(callable)) {
+        PyErr_SetString(PyExc_TypeError, "configure_free_in_gc(callable)");
+        return NULL;
+    }
+    Py_XSETREF(free_later, Py_NewRef(callable));
+    Py_RETURN_NONE;
+}
+
+/* gc.callbacks' (phase, info): counts the collections in progress. */
+static PyObject *
+py_gc_phase(PyObject *mod, PyObject *args)
+{
+    PyObject *phase, *info;
+    if (!PyArg_ParseTuple(args, "UO:numpy_gc_phase", &phase, &info))
+        return NULL;
+    if (PyUnicode_CompareWithASCIIString(phase, "start") == 0)
+        collecting++;
+    else if (collecting > 0)
+        collecting--;
     Py_RETURN_NONE;
 }
 
@@ -680,6 +726,11 @@ PyMethodDef numpy_handler_methods[] = {
      "configure(resolver, selected_resources, numpy_resource): the resource a request draws "
      "from is numpy_resource's value, else the one resolver() names (called again whenever "
      "selected_resources' value or the process-wide defaults changed)."},
+    {"configure_free_in_gc", py_configure_free_in_gc, METH_O,
+     "configure_free_in_gc(callable): a block NumPy frees during a garbage collection is "
+     "given to callable(allocation), which frees it without taking a pool's lock."},
+    {"numpy_gc_phase", py_gc_phase, METH_VARARGS,
+     "numpy_gc_phase(phase, info): for gc.callbacks; counts the collections in progress."},
     {"resources_changed", py_resources_changed, METH_NOARGS,
      "A process-wide default resource changed: the default handler looks it up again."},
     {"stop_numpy_handlers", py_stop_numpy_handlers, METH_NOARGS,

@@ -18,6 +18,7 @@ validates resources and enters and leaves the handler with its resource.
 from __future__ import annotations
 
 import contextvars
+import gc
 import os
 import threading
 from types import TracebackType
@@ -26,10 +27,11 @@ from typing import Any
 import pyopencl as cl
 
 from svmkit.errors import InvalidValueError, UnsupportedError
+from svmkit.events.release import release_soon, release_thread_running
 from svmkit.events.shutdown import at_shutdown
 from svmkit.policy import Granularity, Policy
 from svmkit.resources import _cpool
-from svmkit.resources.base import MemoryResource
+from svmkit.resources.base import Allocation, MemoryResource
 from svmkit.resources.current import current_resource, selected_resources
 
 __all__ = ["NumpyAllocator", "allocating_from", "host_policy", "numpy_allocator"]
@@ -78,6 +80,20 @@ def _default_allocate() -> Any:
 
 
 _cpool.configure(_default_allocate, selected_resources, _numpy_resource)
+
+
+def _free_in_collection(allocation: Allocation) -> None:
+    """A block NumPy frees during a garbage collection (an array in a reference cycle):
+    the collection may have interrupted this thread inside a pool holding its lock, so the
+    release thread frees it, as :meth:`Allocation._finalize` does."""
+    if release_thread_running():
+        release_soon(allocation.free)
+    else:
+        allocation.free()
+
+
+_cpool.configure_free_in_gc(_free_in_collection)
+gc.callbacks.append(_cpool.numpy_gc_phase)
 
 
 def _handler() -> Any:
@@ -142,8 +158,12 @@ class NumpyAllocator:
         _numpy_resource.reset(token)
 
     def install(self) -> None:
-        """Make this the handler for the rest of the current context (tasks and threads
-        started from it copy it, as context variables do)."""
+        """Make this the handler for the rest of the current context.
+
+        Tasks (``asyncio``) and ``contextvars`` copies made from the context inherit it,
+        as context variables do; a thread does not: before Python 3.14 (and on 3.14
+        without ``sys.flags.thread_inherit_context``) a new thread starts in an empty
+        context, with NumPy's default handler, and installs its own."""
         _numpy_resource.set(self.resource)
         _cpool.set_numpy_handler(_handler())
 
