@@ -150,22 +150,24 @@ class Mapping:
         if state is None:
             state = map_state_of(alloc)
         with state.lock:
-            self._map(state, alloc, lo, hi, writes)
+            record = alloc._events
+            wait = self._wait if record is None else record.pending_for(self._queue) + self._wait
+            if state.driver is None:  # (nothing mapped yet: the common case, inline)
+                # The array itself is an SVM pointer object over exactly [lo, hi) when it
+                # is contiguous: no new pointer object on the common path.
+                self._driver_map(state, alloc, lo, hi, writes, flags, wait, a)
+            else:
+                self._map(state, alloc, lo, hi, writes, wait)
             self._entry = state.open(lo, hi, writes, bool(flags & _READ))
         self._open = True
         return view
 
-    def _map(self, state: MapState, alloc: Allocation, lo: int, hi: int, writes: bool) -> None:
-        """Make the driver map cover ``[lo, hi)`` (with write access if ``writes``)."""
-        record = alloc._events
-        wait = self._wait if record is None else record.pending_for(self._queue) + self._wait
-        if state.driver is None:
-            # The array itself is an SVM pointer object over exactly [lo, hi) when it is
-            # contiguous: no new pointer object on the common path.
-            a = self._array
-            own = a if a.contiguous else None
-            self._driver_map(state, alloc, lo, hi, writes, self._flags, wait, own)
-        elif state.start <= lo and hi <= state.stop and (state.writes or not writes):
+    def _map(
+        self, state: MapState, alloc: Allocation, lo: int, hi: int, writes: bool, wait: list[Any]
+    ) -> None:
+        """Make the open driver map cover ``[lo, hi)`` (with write access if ``writes``),
+        after ``wait``."""
+        if state.start <= lo and hi <= state.stop and (state.writes or not writes):
             wait_pending(wait)  # already mapped: only order after pending work
         else:  # remap the union (a single driver map per allocation)
             queue, start, stop, union_writes = state.queue, state.start, state.stop, state.writes
@@ -192,9 +194,11 @@ class Mapping:
         writes: bool,
         flags: int,
         wait: list[cl.Event],
-        svm: Any = None,
+        array: SVMArray | None = None,
     ) -> None:
-        if svm is None:
+        """Map ``[lo, hi)`` in the driver (through ``array`` itself when it is contiguous)."""
+        svm: Any = array
+        if array is None or not array.contiguous:
             svm = calls.svm_pointer(alloc.u8[lo:hi])
         calls.map_and_wait(self._queue, flags, svm, wait)
         state.set_driver(lo, hi, writes, svm, self._queue)
