@@ -7,8 +7,9 @@
   compiler.
 * ``svmkit.workqueue._cring`` (optional) speeds up the host side of ``sk.WorkQueue``: where no C
   compiler is available the build skips it and svmkit uses its pure-Python ring
-  (``src/svmkit/workqueue/ring.py``), which has the same behaviour.  The ring's layout constants come
-  from ``src/svmkit/workqueue/layout.py`` (read here without importing svmkit) as ``-D`` macros.
+  (``src/svmkit/workqueue/ring.py``), which has the same behaviour.  The ring's layout constants
+  come from ``src/svmkit/workqueue/layout.py`` (read here without importing svmkit) as ``-D``
+  macros.
 """
 
 import os

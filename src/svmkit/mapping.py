@@ -26,7 +26,7 @@ from svmkit.arrays.numpy_owned import as_operand
 from svmkit.driver import calls
 from svmkit.errors import InvalidValueError
 from svmkit.events import check_wait_for, wait_pending
-from svmkit.events.mapstate import DriverMap, MapState, OpenMap
+from svmkit.events.mapstate import MapState, OpenMap
 from svmkit.resources.base import Allocation, record_event
 from svmkit.rules import (
     MAP_FLAGS,
@@ -133,50 +133,53 @@ class Mapping:
         alloc = a.live()
         if self._wait:
             check_wait_status(self._wait, "mapped()")
-        needs_map = alloc.policy.needs_map
-        # FINE/SYSTEM: an export (it keeps the memory alive); COARSE: valid in the block only
-        view = a.unchecked_view if needs_map else a.host
-        if self._flags == _READ:
+        flags = self._flags
+        # COARSE: valid in the block only; FINE/SYSTEM: an export (it keeps the memory alive)
+        view = a.unchecked_view if alloc.policy.needs_map else a.host
+        if flags == _READ:
             view = view.view()
             view.flags.writeable = False
-        if not needs_map or not view.size:
+        if not alloc.policy.needs_map or not view.size:
             record = alloc._events
             wait_pending((record.pending() if record is not None else []) + self._wait)
             self._open = True
             return view
         lo, hi = a.byte_range()
-        flags = self._flags
         writes = flags != _READ
-        state = map_state_of(alloc)
+        state = alloc.map_state
+        if state is None:
+            state = map_state_of(alloc)
         with state.lock:
-            self._map(state, alloc, lo, hi, writes)
+            record = alloc._events
+            wait = self._wait if record is None else record.pending_for(self._queue) + self._wait
+            if state.driver is None:  # (nothing mapped yet: the common case, inline)
+                # The array itself is an SVM pointer object over exactly [lo, hi) when it
+                # is contiguous: no new pointer object on the common path.
+                self._driver_map(state, alloc, lo, hi, writes, flags, wait, a)
+            else:
+                self._map(state, alloc, lo, hi, writes, wait)
             self._entry = state.open(lo, hi, writes, bool(flags & _READ))
         self._open = True
         return view
 
-    def _map(self, state: MapState, alloc: Allocation, lo: int, hi: int, writes: bool) -> None:
-        """Make the driver map cover ``[lo, hi)`` (with write access if ``writes``)."""
-        record = alloc._events
-        wait = self._wait if record is None else record.pending_for(self._queue) + self._wait
-        current = state.driver
-        if current is None:
-            # The array itself is an SVM pointer object over exactly [lo, hi) when it is
-            # contiguous: no new pointer object on the common path.
-            a = self._array
-            own = a if a.contiguous else None
-            self._driver_map(state, alloc, lo, hi, writes, self._flags, wait, own)
-        elif current.start <= lo and hi <= current.stop and (current.writes or not writes):
+    def _map(
+        self, state: MapState, alloc: Allocation, lo: int, hi: int, writes: bool, wait: list[Any]
+    ) -> None:
+        """Make the open driver map cover ``[lo, hi)`` (with write access if ``writes``),
+        after ``wait``."""
+        if state.start <= lo and hi <= state.stop and (state.writes or not writes):
             wait_pending(wait)  # already mapped: only order after pending work
         else:  # remap the union (a single driver map per allocation)
-            unmapped = _unmap(current)
-            alloc.events.record(unmapped, current.queue)
-            state.set_driver(None)
-            union_writes = current.writes or writes
+            queue, start, stop, union_writes = state.queue, state.start, state.stop, state.writes
+            unmapped = calls.enqueue_unmap(queue, state.driver)
+            alloc.events.record(unmapped, queue)
+            state.clear_driver()
+            union_writes = union_writes or writes
             self._driver_map(
                 state,
                 alloc,
-                min(lo, current.start),
-                max(hi, current.stop),
+                min(lo, start),
+                max(hi, stop),
                 union_writes,
                 _READ_WRITE if union_writes else _READ,
                 [unmapped, *wait],
@@ -191,12 +194,14 @@ class Mapping:
         writes: bool,
         flags: int,
         wait: list[cl.Event],
-        svm: Any = None,
+        array: SVMArray | None = None,
     ) -> None:
-        if svm is None:
+        """Map ``[lo, hi)`` in the driver (through ``array`` itself when it is contiguous)."""
+        svm: Any = array
+        if array is None or not array.contiguous:
             svm = calls.svm_pointer(alloc.u8[lo:hi])
         calls.map_and_wait(self._queue, flags, svm, wait)
-        state.set_driver(DriverMap(lo, hi, writes, svm, self._queue))
+        state.set_driver(lo, hi, writes, svm, self._queue)
 
     def __exit__(self, *exc: object) -> None:
         self._open = False
@@ -210,19 +215,15 @@ class Mapping:
         release = None
         with state.lock:
             state.close(entry)
-            current = state.driver
-            if state.maps or current is None:
+            svm, queue = state.driver, state.queue
+            if state.maps or svm is None:
                 return
-            state.set_driver(None)
+            state.clear_driver()
             release, state.deferred_free = state.deferred_free, None
             try:
-                event = calls.enqueue_unmap(current.queue, current.svm)
-                record_event(alloc, event, current.queue)
-                calls.wait(event, "clEnqueueSVMUnmap")
+                event = calls.enqueue_unmap(queue, svm)
+                record_event(alloc, event, queue)
+                calls.wait_enqueued(event, "clEnqueueSVMUnmap")  # (an unmap waits for nothing)
             finally:
                 if release is not None:  # the array was freed inside the block
                     release()
-
-
-def _unmap(driver: DriverMap) -> cl.Event:
-    return calls.enqueue_unmap(driver.queue, driver.svm)

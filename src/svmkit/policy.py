@@ -66,6 +66,11 @@ class Policy:
     granularity: Granularity = Granularity.COARSE
     atomics: bool = False
     access: Access = Access.READ_WRITE
+    if TYPE_CHECKING:  # (an attribute set by __post_init__, not a field: hot paths read it)
+
+        @property
+        def needs_map(self) -> bool:
+            """True only for COARSE: the host must map before touching the memory."""
 
     def __hash__(self) -> int:  # (a policy keys the default resources: hashed once)
         cached: int = self.__dict__["_hash"]
@@ -77,6 +82,7 @@ class Policy:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_hash", hash((self.granularity, self.atomics, self.access)))
+        object.__setattr__(self, "needs_map", self.granularity is Granularity.COARSE)
         if not isinstance(self.granularity, Granularity):
             raise InvalidValueError(f"granularity must be a Granularity, got {self.granularity!r}")
         if not isinstance(self.access, Access):
@@ -187,11 +193,6 @@ class Policy:
         if self.atomics:
             flags |= MEM_SVM_ATOMICS
         return flags
-
-    @property
-    def needs_map(self) -> bool:
-        """True only for COARSE: the host must map before touching the memory."""
-        return self.granularity is Granularity.COARSE
 
     def missing(self, caps: Capabilities) -> list[str]:
         """The capabilities this policy needs that ``caps`` lacks (empty if none)."""

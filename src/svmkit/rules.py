@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyopencl as cl
 
-from svmkit.driver import calls
 from svmkit.driver.per_context import canonical_context
 from svmkit.driver.queues import default_queue
 from svmkit.errors import (
@@ -23,6 +22,7 @@ from svmkit.errors import (
     InvalidValueError,
     UseAfterFreeError,
 )
+from svmkit.events.record import check_wait_status  # (the wait-list rules live together)
 
 if TYPE_CHECKING:
     from svmkit.resources.base import Allocation
@@ -260,16 +260,6 @@ def check_migrate_to(to: Any, content_undefined: bool) -> int:
     if content_undefined:
         flags |= int(cl.mem_migration_flags.CONTENT_UNDEFINED)
     return flags
-
-
-def check_wait_status(events: list[cl.Event] | None, what: str) -> None:
-    """Spec (blocking clEnqueueSVMMemcpy/clEnqueueSVMMap):
-    ``CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST`` if an event of the wait list has a
-    negative (error) status.  Checked before enqueueing every command, of every size and
-    blocking or not: PoCL never runs, nor fails, a command behind a failed event, so
-    waiting for it would hang, and so would the release of the memory it uses."""
-    if events:
-        calls.raise_for_failed(events, f"{what} waits for an event that failed")
 
 
 def check_map_mode(mode: Any) -> int:

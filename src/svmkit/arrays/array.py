@@ -15,7 +15,8 @@ svmkit's other modules reach an array only through these (never its slots):
 * :attr:`SVMArray.unchecked_view`: the NumPy layout over the memory, for svmkit's own
   computing (no host-access check, not an export: never handed to users);
 * :meth:`SVMArray.live`, :meth:`~SVMArray.check_host_access`,
-  :meth:`~SVMArray.for_command`, :meth:`~SVMArray.check_command`: the rules;
+  :meth:`~SVMArray.for_command`, :meth:`~SVMArray.for_transfer`,
+  :meth:`~SVMArray.check_command`: the rules;
 * :meth:`SVMArray.from_allocation`, :meth:`~SVMArray.view_of`: new arrays over memory;
 * :meth:`SVMArray.describe`: how errors name the array.
 
@@ -283,20 +284,13 @@ class SVMArray(_Base):
         return alloc
 
     def for_command(
-        self,
-        context: cl.Context,
-        writes: bool | None,
-        name: str,
-        what: str,
-        *,
-        contiguous: bool = False,
+        self, context: cl.Context, writes: bool | None, name: str, what: str
     ) -> Allocation:
         """The allocation, checked for a command of ``context`` on this array's bytes.
 
         The operations' hot path runs the rules in one call, in this order (the order of
         the errors): live (:meth:`live`), of the command's context
-        (:func:`~svmkit.rules.check_same_context`, naming the array ``name``), one run of
-        bytes if ``contiguous`` (:func:`~svmkit.rules.check_contiguous`), clear of
+        (:func:`~svmkit.rules.check_same_context`, naming the array ``name``), clear of
         conflicting maps (:func:`~svmkit.rules.check_command`, naming the command
         ``what``; ``writes=None``: a write unless the policy is read-only).  Each rule
         keeps its own function; the cheap tests here only decide whether it must run.
@@ -306,14 +300,34 @@ class SVMArray(_Base):
             alloc = self.live()
         if alloc.context is not context:
             check_same_context(alloc, context, name)
-        if contiguous and not self._contiguous:
-            check_contiguous(self._view, name)
         state = alloc.map_state
         if state is not None and state.stop:
             if writes is None:
                 writes = alloc.policy.access is not Access.READ_ONLY
             self.check_command(alloc, writes, what)
         return alloc
+
+    def for_transfer(
+        self, context: cl.Context, writes: bool, name: str, what: str
+    ) -> tuple[Allocation, int, int]:
+        """``(allocation, address of element 0, byte count)``, checked for a command of
+        ``context`` that takes one pointer and a size (a copy side).
+
+        The rules of :meth:`for_command`, with one run of bytes
+        (:func:`~svmkit.rules.check_contiguous`) checked after the context; one call
+        where a copy would otherwise read three attributes besides.
+        """
+        alloc = self._alloc
+        if alloc.freed or fork.forked:
+            alloc = self.live()
+        if alloc.context is not context:
+            check_same_context(alloc, context, name)
+        if not self._contiguous:
+            check_contiguous(self._view, name)
+        state = alloc.map_state
+        if state is not None and state.stop:
+            self.check_command(alloc, writes, what)
+        return alloc, alloc.ptr + self._offset, self._view.nbytes
 
     def check_command(self, alloc: Allocation, writes: bool, what: str) -> None:
         """The map-state rule for a command on this array's bytes (see
@@ -357,9 +371,14 @@ class SVMArray(_Base):
         if lo >= hi:  # a zero-byte array touches no memory (`mapped` registers no map)
             return True
         state = alloc.map_state
-        if state is None or not state.covers(lo, hi, reads, writes):
+        if state is None:
             raise _host_access_error(self.describe(), reads, writes)
-        return writes or state.covers(lo, hi, False, True)
+        if state.covers(lo, hi, reads, True):  # (write maps cover it: allowed and writable)
+            return True
+        if writes or not state.covers(lo, hi, reads, False):
+            raise _host_access_error(self.describe(), reads, writes)
+        # (covered, not by maps that allow both; without `reads` that is all there is)
+        return reads and state.covers(lo, hi, False, True)
 
     @property
     def host(self) -> np.ndarray[Any, Any]:

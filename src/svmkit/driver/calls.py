@@ -63,6 +63,7 @@ __all__ = [
     "chosen_devices",
     "set_event_status",
     "wait",
+    "wait_enqueued",
     "wait_for_events",
     "enqueue_copy",
     "enqueue_fill",
@@ -145,7 +146,7 @@ def copy_and_wait(queue: cl.CommandQueue, dst: Any, src: Any, after: Wait) -> cl
     if isinstance(src, np.ndarray):
         src = cl.SVM(src)
     event = enqueue_copy(queue, dst, src, after or None)
-    _wait_on(event, "clEnqueueSVMMemcpy")
+    wait_enqueued(event, "clEnqueueSVMMemcpy")
     return event
 
 
@@ -171,7 +172,7 @@ def map_and_wait(queue: cl.CommandQueue, flags: int, svm: Any, after: Wait) -> c
     """A blocking ``clEnqueueSVMMap``, made as a non-blocking map plus a wait (GIL);
     returns the completed event."""
     event = enqueue_map(queue, flags, svm, after)
-    _wait_on(event, "clEnqueueSVMMap")
+    wait_enqueued(event, "clEnqueueSVMMap")
     return event
 
 
@@ -235,14 +236,15 @@ def wait(event: cl.Event, what: str = "a command") -> None:
     ``what`` names the command in the message.  A driver whose wait returns success for
     an event that failed (NVIDIA's, for a user event set to an error) is answered from
     the event's status."""
-    _wait_on(event, what)
+    wait_enqueued(event, what)
     raise_for_failed((event,), f"waiting for {what} failed")
 
 
-def _wait_on(event: cl.Event, what: str) -> None:
+def wait_enqueued(event: cl.Event, what: str) -> None:
     """``clWaitForEvents`` on the event of a command svmkit just enqueued (a blocking
-    copy or map): its wait list was checked for failed events before the enqueue
-    (``rules.check_wait_status``), so no status query follows on this hot path."""
+    copy or map, an unmap): its wait list was checked for failed events before the
+    enqueue (``rules.check_wait_status``) or is empty (an unmap's), so no status query
+    follows on this hot path; a failed wait raises its typed error."""
     try:
         event.wait()
     except cl.Error as exc:

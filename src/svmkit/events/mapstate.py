@@ -7,7 +7,7 @@ every command can ask, in O(1), whether it may touch a byte range.
 
 Two layers are kept apart:
 
-* the *open maps*: one :class:`OpenMap` per ``svmkit.mapped`` block (they nest and
+* the *open maps*: one :data:`OpenMap` per ``svmkit.mapped`` block (they nest and
   overlap), each with the host access its mode allows; the host may touch an array's
   bytes while maps allowing that access cover every one of them (:meth:`MapState.covers`);
 * the *driver map*: the one ``clEnqueueSVMMap`` region open in the driver, the union of
@@ -22,51 +22,37 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from svmkit.errors import MapStateError
 
-__all__ = ["DriverMap", "MapState", "OpenMap"]
+__all__ = ["MapState", "OpenMap"]
 
 
-@dataclass(eq=False)
-class OpenMap:
-    """One open host map of bytes ``[start, stop)`` of an allocation: whether its mode
-    lets the host read (``"r"``, ``"rw"``) and write (``"w"``, ``"rw"``,
-    ``"w_invalidate"``) them."""
-
-    start: int
-    stop: int
-    writes: bool
-    reads: bool = True
-
-
-@dataclass(eq=False)
-class DriverMap:
-    """The region ``[start, stop)`` mapped in the driver, its pointer object and queue."""
-
-    start: int
-    stop: int
-    writes: bool
-    svm: Any
-    queue: Any
+OpenMap = tuple[int, int, bool, bool]
+"""One open host map of bytes ``[start, stop)`` of an allocation, ``(start, stop, writes,
+reads)``: whether its mode lets the host write (``"w"``, ``"rw"``, ``"w_invalidate"``)
+and read (``"r"``, ``"rw"``) them.  A plain tuple: equal maps are interchangeable, so
+closing one removes any of them."""
 
 
 class MapState:
-    """Open maps of an allocation (offsets relative to its start).
+    """Open maps of an allocation (offsets relative to its start), and its driver map.
 
-    ``lock`` serialises opening and closing maps (with their driver calls) per allocation.
-    ``start``/``stop``/``writes`` mirror the driver map for the O(1) command check
-    (``stop == 0`` when nothing is mapped).
+    ``lock`` serialises opening and closing maps (with their driver calls) per allocation:
+    :meth:`open`, :meth:`close`, :meth:`set_driver` and :meth:`clear_driver` run under it.
+    ``start``/``stop``/``writes`` are the driver map's region, for the O(1) command check
+    (``stop == 0`` when nothing is mapped); ``driver`` is its SVM pointer object and
+    ``queue`` the queue that mapped it (``driver is None`` when nothing is mapped).
     """
 
-    __slots__ = ("deferred_free", "driver", "lock", "maps", "start", "stop", "writes")
+    __slots__ = ("deferred_free", "driver", "lock", "maps", "queue", "start", "stop", "writes")
 
     def __init__(self) -> None:
         self.maps: list[OpenMap] = []
         self.lock = threading.RLock()
-        self.driver: DriverMap | None = None
+        self.driver: Any = None
+        self.queue: Any = None
         self.start = 0
         self.stop = 0
         self.writes = False
@@ -74,31 +60,34 @@ class MapState:
 
     # -- open maps -----------------------------------------------------------------------
     def open(self, start: int, stop: int, writes: bool, reads: bool = True) -> OpenMap:
-        """Register a map of ``[start, stop)``."""
-        entry = OpenMap(start, stop, writes, reads)
-        with self.lock:
-            self.maps.append(entry)
+        """Register a map of ``[start, stop)`` (under :attr:`lock`)."""
+        entry = (start, stop, writes, reads)
+        self.maps.append(entry)
         return entry
 
     def close(self, entry: OpenMap) -> None:
-        """Forget a map registered by :meth:`open`."""
-        with self.lock:
-            self.maps.remove(entry)
+        """Forget a map registered by :meth:`open` (under :attr:`lock`)."""
+        self.maps.remove(entry)
 
     def covers(self, start: int, stop: int, reads: bool = False, writes: bool = False) -> bool:
         """Whether open maps together cover every byte of ``[start, stop)``; with ``reads``
         (``writes``) only maps whose mode lets the host read (write) count."""
         if start >= stop:
             return True
-        with self.lock:
-            spans = sorted(
-                (m.start, m.stop)
-                for m in self.maps
-                if m.stop > start
-                and m.start < stop
-                and (m.reads or not reads)
-                and (m.writes or not writes)
+        maps = tuple(self.maps)  # (a consistent snapshot: copying a list is atomic)
+        if len(maps) == 1:  # (one open map: the common case, no sorting)
+            lo, hi, map_writes, map_reads = maps[0]
+            return (
+                lo <= start
+                and stop <= hi
+                and (map_reads or not reads)
+                and (map_writes or not writes)
             )
+        spans = sorted(
+            (lo, hi)
+            for lo, hi, map_writes, map_reads in maps
+            if hi > start and lo < stop and (map_reads or not reads) and (map_writes or not writes)
+        )
         reach = start
         for lo, hi in spans:
             if lo > reach:
@@ -113,17 +102,20 @@ class MapState:
         with self.lock:
             if not self.maps:
                 return None
-            return min(m.start for m in self.maps), max(m.stop for m in self.maps)
+            return min(m[0] for m in self.maps), max(m[1] for m in self.maps)
 
     # -- driver map ----------------------------------------------------------------------
-    def set_driver(self, driver: DriverMap | None) -> None:
-        """Record the region now mapped in the driver (``None``: nothing is)."""
-        self.driver = driver
-        if driver is None:
-            self.start = self.stop = 0
-            self.writes = False
-        else:
-            self.start, self.stop, self.writes = driver.start, driver.stop, driver.writes
+    def set_driver(self, start: int, stop: int, writes: bool, svm: Any, queue: Any) -> None:
+        """Record the region now mapped in the driver: bytes ``[start, stop)`` (for writing
+        if ``writes``) through the SVM pointer object ``svm``, by ``queue``."""
+        self.start, self.stop, self.writes = start, stop, writes
+        self.driver, self.queue = svm, queue
+
+    def clear_driver(self) -> None:
+        """Record that nothing is mapped in the driver any more."""
+        self.driver = self.queue = None
+        self.start = self.stop = 0
+        self.writes = False
 
     def defer_free(self, release: Callable[[], None]) -> bool:
         """Hold ``release`` until the driver map closes; False when nothing is mapped.

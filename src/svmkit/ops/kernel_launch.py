@@ -22,13 +22,8 @@ from svmkit.events.record import WaitFor, wait_list
 from svmkit.ops.placeholder import placeholder
 from svmkit.policy import Granularity
 from svmkit.resources._cpool import numpy_argument
-from svmkit.resources.base import Allocation, record_event
-from svmkit.rules import (
-    check_kernel_context,
-    check_queue,
-    check_wait_status,
-    context_of,
-)
+from svmkit.resources.base import Allocation, record_events
+from svmkit.rules import check_kernel_context, check_queue, context_of
 
 __all__ = ["TRACKED_KERNELS", "launch"]
 
@@ -99,11 +94,14 @@ def launch(
                 queue = check_queue(None, context_of(kernel))
             elif not isinstance(queue, cl.CommandQueue):
                 queue = check_queue(queue, context_of(kernel))  # raises
-    context = context_of(queue)
-    check_kernel_context(kernel, context)
-    wait = wait_list(context, wait_for) if wait_for is not None else None
-    if wait:
-        check_wait_status(wait, "launch()")
+    try:
+        context = queue._svmkit_context  # type: ignore[union-attr]  # (context_of's cache)
+    except AttributeError:
+        context = context_of(queue)
+    if getattr(kernel, "_svmkit_context", None) is not context:  # (context_of's cache)
+        check_kernel_context(kernel, context)
+    # (one walk of the list: events of this context, none failed)
+    wait = wait_list(context, wait_for, "launch()") if wait_for is not None else None
     allocs: list[Allocation] = []
     others: list[Any] = []
     pointers: list[int] = []
@@ -188,8 +186,7 @@ def launch(
         wait,
         options,
     )
-    for alloc in allocs:
-        record_event(alloc, event, queue)
+    record_events(allocs, event, queue)
     for other in others:  # a work queue that records its own events
         record = getattr(other, "record", None)
         if callable(record):

@@ -26,7 +26,7 @@ from svmkit.errors import InvalidValueError, UnsupportedError
 from svmkit.events.record import WaitFor, wait_list
 from svmkit.events.release import release_after
 from svmkit.policy import Granularity
-from svmkit.resources.base import Allocation, record_event
+from svmkit.resources.base import Allocation, record_event, record_events
 from svmkit.rules import (
     check_contiguous,
     check_fill_target,
@@ -163,22 +163,20 @@ def copy(
         dst = as_operand(dst)  # (an allocator-made ndarray is SVM, not plain host memory)
     if not isinstance(src, SVMArray):
         src = as_operand(src)
-    context = _context_of(dst, src, queue)
+    context = dst.allocation.context if isinstance(dst, SVMArray) else _context_of(src, queue)
     queue = check_queue(queue, context)
     wait = wait_list(context, wait_for) if wait_for is not None else None
     # (each SVM side: the array's rules in one call, in the order of its errors)
     dst_alloc: Allocation | None = None
     src_alloc: Allocation | None = None
     if isinstance(dst, SVMArray):
-        dst_alloc = dst.for_command(context, True, "dst", "copy() dst", contiguous=True)
+        dst_alloc, dst_ptr, nbytes = dst.for_transfer(context, True, "dst", "copy() dst")
         dst_ptr_obj: Any = dst
-        dst_ptr, nbytes = dst_alloc.ptr + dst.offset, dst.nbytes
     else:
         dst_ptr_obj, dst_ptr, nbytes = _host_side(dst, "dst", True)
     if isinstance(src, SVMArray):
-        src_alloc = src.for_command(context, False, "src", "copy() src", contiguous=True)
+        src_alloc, src_ptr, src_nbytes = src.for_transfer(context, False, "src", "copy() src")
         src_ptr_obj: Any = src
-        src_ptr, src_nbytes = src_alloc.ptr + src.offset, src.nbytes
     else:
         src_ptr_obj, src_ptr, src_nbytes = _host_side(src, "src", False)
     if nbytes != src_nbytes:
@@ -195,6 +193,9 @@ def copy(
         event = calls.copy_and_wait(queue, dst_ptr_obj, src_ptr_obj, wait)
     else:
         event = calls.enqueue_copy(queue, dst_ptr_obj, src_ptr_obj, wait)
+    if dst_alloc is not None and src_alloc is not None:  # (SVM to SVM: the common case)
+        record_events((dst_alloc, src_alloc), event, queue)
+        return event
     host_sides: tuple[Any, ...] = ()
     if dst_alloc is not None:
         record_event(dst_alloc, event, queue)
@@ -212,10 +213,8 @@ def copy(
     return event
 
 
-def _context_of(dst: Any, src: Any, queue: Any) -> cl.Context:
-    """The context a copy runs in: that of its SVM side(s), else the queue's."""
-    if isinstance(dst, SVMArray):
-        return dst.allocation.context
+def _context_of(src: Any, queue: Any) -> cl.Context:
+    """The context of a copy into host memory: that of its SVM source, else the queue's."""
     if isinstance(src, SVMArray):
         return src.allocation.context
     if isinstance(queue, cl.CommandQueue):
@@ -269,7 +268,7 @@ def migrate(
     """
     if isinstance(arrays, np.ndarray):
         arrays = as_operand(arrays)
-    items = [arrays] if isinstance(arrays, SVMArray) else [as_operand(a) for a in arrays]
+    items = [arrays] if isinstance(arrays, SVMArray) else list(arrays)
     if not items:
         raise InvalidValueError(
             "migrate() needs at least one array (spec: CL_INVALID_VALUE "
@@ -278,10 +277,7 @@ def migrate(
     flags = check_migrate_to(to, content_undefined)
     first = items[0]
     if not isinstance(first, SVMArray):
-        raise InvalidValueError(
-            f"migrate() takes SVMArrays (or NumPy arrays made inside sk.numpy_allocator), got "
-            f"{type(first).__name__}"
-        )
+        first = items[0] = _migrated(first)
     context = first.allocation.context
     queue = check_queue(queue, context)
     wait = wait_list(context, wait_for) if wait_for is not None else None
@@ -294,22 +290,21 @@ def migrate(
     allocs = []
     for a in items:
         if not isinstance(a, SVMArray):
-            raise InvalidValueError(
-                f"migrate() takes SVMArrays (or NumPy arrays made inside sk.numpy_allocator), "
-                f"got {type(a).__name__}"
-            )
+            a = _migrated(a)
         alloc = a.for_command(context, False, "an array to migrate", "migrate()")
         if alloc.policy.granularity is Granularity.SYSTEM:
             raise InvalidValueError(
                 "migrate() of SYSTEM memory: clEnqueueSVMMigrateMem needs ranges inside "
                 "clSVMAlloc allocations"
             )
-        if not a.nbytes:
-            continue  # size 0 would migrate the whole allocation
         if a.contiguous:
+            if not a.nbytes:
+                continue  # size 0 would migrate the whole allocation
             pointers.append(a)
         else:
             lo, hi = a.byte_range()
+            if lo == hi:
+                continue
             pointers.append(calls.svm_pointer(alloc.u8[lo:hi]))
         allocs.append(alloc)
     if wait:
@@ -317,9 +312,20 @@ def migrate(
     if not pointers:
         return _marker(queue, wait)
     event = calls.enqueue_migrate(queue, pointers, flags, wait)
-    for alloc in allocs:
-        record_event(alloc, event, queue)
+    record_events(allocs, event, queue)
     return event
+
+
+def _migrated(obj: Any) -> SVMArray:
+    """An entry of ``migrate()``'s list as an SVMArray (an allocator-made ndarray adopted),
+    else ``InvalidValueError``."""
+    array = as_operand(obj)
+    if not isinstance(array, SVMArray):
+        raise InvalidValueError(
+            "migrate() takes SVMArrays (or NumPy arrays made inside sk.numpy_allocator), "
+            f"got {type(obj).__name__}"
+        )
+    return array
 
 
 def _can_migrate(queue: cl.CommandQueue) -> bool:

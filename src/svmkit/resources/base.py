@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from svmkit.policy import Policy
     from svmkit.resources.exports import ExportRecord
 
-__all__ = ["Allocation", "MemoryResource", "host_bytes", "record_event"]
+__all__ = ["Allocation", "MemoryResource", "host_bytes", "record_event", "record_events"]
 
 _events_lock = threading.Lock()
 
@@ -163,6 +164,15 @@ def record_event(alloc: Allocation, event: cl.Event, queue: cl.CommandQueue | No
     if record is None:
         record = alloc.events
     record.record(event, queue)
+
+
+def record_events(allocs: Iterable[Allocation], event: cl.Event, queue: cl.CommandQueue) -> None:
+    """:func:`record_event` on each of ``allocs`` (a command's arrays), in one call."""
+    for alloc in allocs:
+        record = alloc._events
+        if record is None:
+            record = alloc.events
+        record.record(event, queue)
 
 
 class MemoryResource:
