@@ -22,7 +22,7 @@ import numpy as np
 import pyopencl as cl
 
 from svmkit.arrays.array import SVMArray
-from svmkit.arrays.numpy_owned import as_operand
+from svmkit.arrays.numpy_owned import svm_operand
 from svmkit.driver import calls
 from svmkit.errors import InvalidValueError
 from svmkit.events import check_wait_for, wait_pending
@@ -95,12 +95,7 @@ def mapped(
     enqueues nothing, only waits.
     """
     if not isinstance(a, SVMArray):
-        a = as_operand(a)
-        if not isinstance(a, SVMArray):
-            raise InvalidValueError(
-                "mapped() maps an SVMArray (or a NumPy array made inside sk.numpy_allocator), "
-                f"got {type(a).__name__}"
-            )
+        a = svm_operand(a, "mapped()'s array")
     flags = check_map_mode(mode)
     alloc = a.live()
     queue = check_queue(queue, alloc.context)

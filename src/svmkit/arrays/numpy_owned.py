@@ -21,11 +21,11 @@ import numpy as np
 import pyopencl as cl
 
 from svmkit.arrays.array import SVMArray
-from svmkit.errors import InvalidContextError
+from svmkit.errors import InvalidContextError, InvalidValueError
 from svmkit.resources._cpool import numpy_allocation
 from svmkit.resources.base import Allocation, MemoryResource
 
-__all__ = ["adopt", "allocation_of", "as_operand", "numpy_allocation"]
+__all__ = ["adopt", "allocation_of", "as_operand", "numpy_allocation", "svm_operand"]
 
 
 def allocation_of(nd: np.ndarray[Any, Any]) -> Allocation | None:
@@ -95,6 +95,19 @@ def as_operand(obj: Any) -> Any:
         if adopted is not None:
             return adopted
     return obj
+
+
+def svm_operand(obj: Any, what: str) -> SVMArray:
+    """An operation's argument that must be SVM: an SVMArray, or an allocator-made ndarray
+    adopted (:func:`as_operand`); anything else is an ``InvalidValueError`` naming ``what``
+    (the operation and the argument)."""
+    array = obj if isinstance(obj, SVMArray) else as_operand(obj)
+    if not isinstance(array, SVMArray):
+        raise InvalidValueError(
+            f"{what} must be an SVMArray or a NumPy array made inside sk.numpy_allocator, "
+            f"got {type(obj).__name__}"
+        )
+    return array
 
 
 def _bytes_of(owner: Allocation) -> np.ndarray[Any, np.dtype[np.uint8]]:

@@ -13,7 +13,7 @@ import numpy as np
 import pyopencl as cl
 
 from svmkit.arrays.array import SVMArray
-from svmkit.arrays.numpy_owned import as_operand
+from svmkit.arrays.numpy_owned import svm_operand
 from svmkit.errors import InvalidContextError, InvalidValueError
 from svmkit.resources.base import Allocation, record_event
 
@@ -45,12 +45,7 @@ def record(event: cl.Event, *arrays: SVMArray | np.ndarray[Any, Any]) -> None:
     context: Any = None
     for index, array in enumerate(arrays):
         if not isinstance(array, SVMArray):
-            array = as_operand(array)
-            if not isinstance(array, SVMArray):
-                raise InvalidValueError(
-                    "record() records on SVMArrays (or NumPy arrays made inside "
-                    f"sk.numpy_allocator); array {index} is {type(array).__name__}"
-                )
+            array = svm_operand(array, f"record()'s array {index}")
         alloc = array.live()
         if context is None:
             context = event.context

@@ -19,7 +19,7 @@ import numpy as np
 import pyopencl as cl
 
 from svmkit.arrays.array import SVMArray
-from svmkit.arrays.numpy_owned import as_operand
+from svmkit.arrays.numpy_owned import as_operand, svm_operand
 from svmkit.capabilities import capabilities
 from svmkit.driver import calls
 from svmkit.errors import InvalidValueError, UnsupportedError
@@ -86,12 +86,7 @@ def fill(
     spans exactly its own bytes.  Does not block.
     """
     if not isinstance(dst, SVMArray):
-        dst = as_operand(dst)
-        if not isinstance(dst, SVMArray):
-            raise InvalidValueError(
-                "fill destination must be an SVMArray (or a NumPy array made inside "
-                f"sk.numpy_allocator), got {type(dst).__name__}"
-            )
+        dst = svm_operand(dst, "fill()'s destination")
     alloc = dst.live()
     context = alloc.context
     queue = check_queue(queue, context)
@@ -277,7 +272,7 @@ def migrate(
     flags = check_migrate_to(to, content_undefined)
     first = items[0]
     if not isinstance(first, SVMArray):
-        first = items[0] = _migrated(first)
+        first = items[0] = svm_operand(first, "each entry of migrate()'s list")
     context = first.allocation.context
     queue = check_queue(queue, context)
     wait = wait_list(context, wait_for) if wait_for is not None else None
@@ -290,7 +285,7 @@ def migrate(
     allocs = []
     for a in items:
         if not isinstance(a, SVMArray):
-            a = _migrated(a)
+            a = svm_operand(a, "each entry of migrate()'s list")
         alloc = a.for_command(context, False, "an array to migrate", "migrate()")
         if alloc.policy.granularity is Granularity.SYSTEM:
             raise InvalidValueError(
@@ -314,18 +309,6 @@ def migrate(
     event = calls.enqueue_migrate(queue, pointers, flags, wait)
     record_events(allocs, event, queue)
     return event
-
-
-def _migrated(obj: Any) -> SVMArray:
-    """An entry of ``migrate()``'s list as an SVMArray (an allocator-made ndarray adopted),
-    else ``InvalidValueError``."""
-    array = as_operand(obj)
-    if not isinstance(array, SVMArray):
-        raise InvalidValueError(
-            "migrate() takes SVMArrays (or NumPy arrays made inside sk.numpy_allocator), "
-            f"got {type(obj).__name__}"
-        )
-    return array
 
 
 def _can_migrate(queue: cl.CommandQueue) -> bool:

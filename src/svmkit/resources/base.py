@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from svmkit.driver import fork
-from svmkit.events import EventRecord
+from svmkit.events import EventRecord, wait_pending
 from svmkit.events.mapstate import MapState
 from svmkit.events.release import collecting, release_soon, release_thread_running
 from svmkit.resources._cpool import Record
@@ -112,8 +112,6 @@ class Allocation(Record):
         of an allocator-made array copies its bytes only then)."""
         record = self._events
         if record:
-            from svmkit.events.record import wait_pending
-
             wait_pending(record.pending())
 
     def _free(self) -> None:
