@@ -1162,6 +1162,30 @@ class NumpyAllocatorMachine(RuleBasedStateMachine):
             other.model[:] = held.model
 
     @precondition(lambda self: self.arrays)
+    @rule(data=st.data(), free_wrapper=st.booleans())
+    def adopt_then_let_numpy_go(self, data: st.DataObject, free_wrapper: bool) -> None:
+        """``sk.asarray`` wraps an allocator-made array without a copy; the SVMArray holds
+        the ndarray, so NumPy's memory stays while it lives, and its ``free()`` ends only
+        svmkit's use."""
+        held = pick(data, self.arrays)
+        if not held.svm:
+            return
+        wrapped = sk.asarray(CTX, held.array)
+        assert wrapped.ptr == held.array.ctypes.data
+        if free_wrapper:
+            wrapped.free()  # the ndarray keeps its memory and values
+            return
+        self.arrays.remove(held)
+        model, array = held.model, held.array
+        del held
+        del array  # only the SVMArray holds the memory now
+        with self.allocator:
+            newcomers = [np.full(model.size, 3, np.int32) for _ in range(2)]
+        assert wrapped.ptr not in {a.ctypes.data for a in newcomers}
+        np.testing.assert_array_equal(wrapped.get(QUEUE), model)
+        del wrapped  # the last holder: NumPy's memory goes back (the pool invariant checks)
+
+    @precondition(lambda self: self.arrays)
     @rule(data=st.data())
     def drop(self, data: st.DataObject) -> None:
         self.arrays.remove(pick(data, self.arrays))
