@@ -208,6 +208,18 @@ def enqueue_kernel(
         raise translate(exc, what=f"enqueueing kernel {kernel.function_name}") from exc
 
 
+def enqueue_kernel_as_set(
+    queue: cl.CommandQueue, kernel: cl.Kernel, global_size: Any, local_size: Any, wait: Wait
+) -> cl.Event:
+    """``clEnqueueNDRangeKernel`` with the arguments already set on ``kernel`` (no
+    ``clSetKernelArg``: a caller that owns the kernel and launches it over the same
+    arguments again; NVIDIA's OpenCL spends several µs per SVM pointer argument set)."""
+    try:
+        return _cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size, wait_for=wait)
+    except cl.Error as exc:
+        raise translate(exc, what=f"enqueueing kernel {kernel.function_name}") from exc
+
+
 # -- events ----------------------------------------------------------------------------------
 
 

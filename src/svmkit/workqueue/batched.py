@@ -21,11 +21,13 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
+from svmkit.arrays.array import SVMArray
 from svmkit.arrays.creation import empty
 from svmkit.driver import calls
 from svmkit.errors import InvalidValueError
 from svmkit.ops import launch
 from svmkit.policy import Granularity, Policy
+from svmkit.resources.base import Allocation, record_events
 
 __all__ = ["BatchedLaunches"]
 
@@ -79,8 +81,23 @@ class BatchedLaunches:
             self._slots.append((dev_in, dev_out, host_out, kernel))
             self._host_in.append(None if self.copies else dev_in.host)
         self._extra = tuple(extra)
+        # Per slot: the allocations its launches record on, once its kernel holds them.
+        self._allocs: list[list[Allocation] | None] = [None] * depth
 
-    def _submit(self, slot: int, queue: cl.CommandQueue, items: np.ndarray[Any, Any]) -> Any:
+    def _submit(
+        self,
+        slot: int,
+        queue: cl.CommandQueue,
+        items: np.ndarray[Any, Any],
+        dest: np.ndarray[Any, Any] | None,
+    ) -> Any:
+        """Enqueue one batch on ``slot``: its event (the copy out, else the launch).
+
+        A slot's first launch goes through :func:`svmkit.launch` (every rule checked, the
+        arguments set and the event recorded); later ones enqueue the kernel over the
+        arguments it already holds (the slot's buffers and ``extra`` never change) and
+        record the event on the same allocations.  ``dest`` (host memory of the batch's
+        length and ``out_dtype``) receives the coarse-grain copy out directly."""
         dev_in, dev_out, host_out, kernel = self._slots[slot]
         k = len(items)
         if self.copies:
@@ -91,11 +108,20 @@ class BatchedLaunches:
             host_in = self._host_in[slot]
             assert host_in is not None
             host_in[:k] = items
-        event = launch(queue, kernel, (k,), None, dev_in, *self._extra, dev_out)
+        allocs = self._allocs[slot]
+        if allocs is None:
+            event = launch(queue, kernel, (k,), None, dev_in, *self._extra, dev_out)
+            self._allocs[slot] = [
+                a.allocation for a in (dev_in, *self._extra, dev_out) if isinstance(a, SVMArray)
+            ]
+        else:
+            event = calls.enqueue_kernel_as_set(queue, kernel, (k,), None, None)
+            record_events(allocs, event, queue)
         if self.copies:
             nbytes = k * host_out.itemsize
+            target = host_out[:k] if dest is None else dest
             return calls.enqueue_copy(
-                queue, calls.svm_pointer(host_out[:k]), _bytes(dev_out, nbytes), None
+                queue, calls.svm_pointer(target), _bytes(dev_out, nbytes), None
             )
         return event
 
@@ -107,32 +133,56 @@ class BatchedLaunches:
         self, items: np.ndarray[Any, Any], out: np.ndarray[Any, Any]
     ) -> tuple[float, np.ndarray[Any, Any]]:
         """Process ``items`` batch by batch into ``out``: (seconds, per-batch µs from its
-        submission to its results on the host)."""
+        submission to its results on the host).
+
+        With coarse-grain buffers and an ``out`` that is a C-contiguous NumPy array of
+        ``out_dtype``, each batch's results are copied from the device straight into it
+        (else through a host buffer per slot).  An exception (Ctrl-C) waits for the
+        batches in flight before it propagates, so no copy lands in memory the caller
+        reuses."""
         src = np.ascontiguousarray(items, dtype=self.in_dtype)
         n, b = len(src), self.batch
         nb = (n + b - 1) // b
         lat = np.empty(nb)
+        direct = (
+            self.copies
+            and type(out) is np.ndarray
+            and out.dtype == self.out_dtype
+            and out.ndim == 1
+            and out.flags.c_contiguous
+            and len(out) >= n
+        )
         inflight: deque[tuple[int, int, int, Any]] = deque()
         clock = time.perf_counter_ns
 
         def retire() -> None:
             j, slot, t0, event = inflight.popleft()
             calls.wait(event, "a batch")
-            lo = j * b
-            k = min(b, n - lo)
-            out[lo : lo + k] = self._result(slot, k)
+            if not direct:
+                lo = j * b
+                k = min(b, n - lo)
+                out[lo : lo + k] = self._result(slot, k)
             lat[j] = (clock() - t0) / 1e3
 
         start = time.perf_counter()
-        for j in range(nb):
-            if len(inflight) == self.depth:
+        try:
+            for j in range(nb):
+                if len(inflight) == self.depth:
+                    retire()
+                slot = j % self.depth
+                queue = self.queues[j % len(self.queues)]
+                lo = j * b
+                t0 = clock()
+                event = self._submit(
+                    slot, queue, src[lo : lo + b], out[lo : lo + b] if direct else None
+                )
+                inflight.append((j, slot, t0, event))
+                if self.depth > 1:
+                    calls.flush(queue)
+            while inflight:
                 retire()
-            slot = j % self.depth
-            t0 = clock()
-            event = self._submit(slot, self.queues[j % len(self.queues)], src[j * b : (j + 1) * b])
-            if self.depth > 1:
-                calls.flush(self.queues[j % len(self.queues)])
-            inflight.append((j, slot, t0, event))
-        while inflight:
-            retire()
+        except BaseException:
+            while inflight:  # (the batches' copies still write into `out`)
+                calls.wait(inflight.popleft()[3], "a batch")
+            raise
         return time.perf_counter() - start, lat
