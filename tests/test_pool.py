@@ -73,6 +73,32 @@ def test_many_distinct_sizes(ctx: cl.Context) -> None:
     assert pool.info()["upstream_blocks"] == size_class(5999)
 
 
+def test_pool_arrays_of_every_length_and_spelling_on_one_block(ctx: cl.Context) -> None:
+    """Pool.empty's one-dimensional path (no per-length memo) and the block's typed views:
+    each hand-out of one block has its own length, dtype and bytes, whatever came before."""
+    pool = sk.Pool(ctx)
+    seen_ptrs = set()
+    rng = random.Random(3)
+    spellings: list[Any] = [np.float32, "f4", np.dtype(np.float32), np.int16, "u1"]
+    for step in range(300):
+        dtype = spellings[step % len(spellings)]
+        n = rng.randrange(0, 1000) if step % 7 else (4, 5)  # a 2-D shape now and then
+        a = pool.empty(n, dtype)
+        want = np.dtype(dtype)
+        shape = (n,) if isinstance(n, int) else n
+        assert a.shape == shape and a.dtype == want and a.nbytes == int(np.prod(shape)) * want.itemsize
+        if a.size:
+            seen_ptrs.add(a.ptr)
+            a.set(np.arange(a.size).reshape(shape).astype(want))
+            np.testing.assert_array_equal(a.get(), np.arange(a.size).reshape(shape).astype(want))
+        a.free()
+    assert len(seen_ptrs) < 100  # blocks reused across lengths and dtypes (300 hand-outs)
+    with pytest.raises(sk.InvalidValueError):
+        pool.empty(-1, np.float32)
+    with pytest.raises(TypeError):
+        pool.empty(3, "not a dtype")
+
+
 def test_size_class_functions_refuse_what_has_no_class() -> None:
     for bad in (0, -1, 2**62 + 1):
         with pytest.raises(ValueError, match="size_class takes"):

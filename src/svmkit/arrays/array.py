@@ -645,14 +645,20 @@ def nbytes_of(shape: tuple[int, ...], dtype: np.dtype[Any]) -> int:
 
 
 ArraySpec = tuple[tuple[int, ...], np.dtype[Any], int]
+_DTYPE_CLASSES: set[type] = set()
+"""The exact classes of the dtypes :func:`array_spec` has seen (``np.dtypes.Float64DType``...)."""
 
 
 def array_spec(shape: Any, dtype: Any) -> ArraySpec:
     """``(shape tuple, dtype, nbytes)`` for a constructor's ``shape`` and ``dtype``,
     validated (a non-negative int and a NumPy dtype, numeric code's usual call, convert
     nothing)."""
-    if type(shape) is int and shape >= 0 and isinstance(dtype, np.dtype):
-        return (shape,), dtype, shape * dtype.itemsize
+    if type(shape) is int and shape >= 0:
+        if type(dtype) in _DTYPE_CLASSES:  # (a set lookup: isinstance on np.dtype is slower)
+            return (shape,), dtype, shape * dtype.itemsize
+        if isinstance(dtype, np.dtype):
+            _DTYPE_CLASSES.add(type(dtype))
+            return (shape,), dtype, shape * dtype.itemsize
     shape_t = _shape_tuple(shape)
     dt = np.dtype(dtype)
     return shape_t, dt, nbytes_of(shape_t, dt)

@@ -80,7 +80,14 @@ def _new(
     if view is None:
         if len(memo) >= _MEMO_VIEWS:
             memo.clear()
-        view = memo[key] = _typed_view(alloc.block.u8, shape, dtype, nbytes)
+        if len(shape) == 1:  # a slice of the block's whole typed view: cheaper than a new one
+            whole = memo.get(dtype)
+            if whole is None:
+                block_u8 = alloc.block.u8
+                whole = memo[dtype] = np.frombuffer(block_u8, dtype, len(block_u8) // dtype.itemsize)
+            view = memo[key] = whole[: shape[0]]
+        else:
+            view = memo[key] = _typed_view(alloc.block.u8, shape, dtype, nbytes)
     return _wrap(alloc, view)
 
 

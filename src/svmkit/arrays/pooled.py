@@ -80,6 +80,8 @@ class Pool(MemoryResource):
         self.policy = self.pool.policy
         self.capabilities = self.pool.capabilities
         self._specs: dict[tuple[Any, Any], ArraySpec] = {}
+        # dtype spellings (np.float32, "f4", np.dtype) -> the validated dtype, for 1-D shapes
+        self._dtypes: dict[Any, np.dtype[Any]] = {}
         # The stack's own entry point (the pool's C fast path, when no adaptor sits on
         # top): `sk.empty(..., resource=pool)` then costs what `pool.empty` does.
         self.allocate = self.resource.allocate  # type: ignore[method-assign]
@@ -124,16 +126,28 @@ class Pool(MemoryResource):
     # -- array constructors ----------------------------------------------------------------
     def empty(self, shape: Any, dtype: Any = np.float64, *, alignment: int = 0) -> SVMArray:
         """A new uninitialised array from the pool (``svmkit.empty`` semantics)."""
+        dt = None
         try:
-            spec = self._specs.get((shape, dtype))
+            if type(shape) is int and shape >= 0:  # one dimension: no per-size memo
+                dt = self._dtypes.get(dtype)
+            spec = None if dt is not None else self._specs.get((shape, dtype))
         except TypeError:  # an unhashable spelling (a list shape): not memoised
             spec = None
+        if dt is not None:
+            return _new(self.resource, (shape,), dt, alignment, shape * dt.itemsize)
         if spec is None:
             spec = self._remember(shape, dtype)
         return _new(self.resource, spec[0], spec[1], alignment, spec[2])
 
     def _remember(self, shape: Any, dtype: Any) -> ArraySpec:
         spec = array_spec(shape, dtype)
+        dtypes = self._dtypes
+        if len(dtypes) >= _SPECS_LIMIT:
+            dtypes.clear()
+        try:  # (a dtype spelling seen once is known for every length)
+            dtypes[dtype] = spec[1]
+        except TypeError:
+            pass
         specs = self._specs
         if len(specs) >= _SPECS_LIMIT:
             specs.clear()
