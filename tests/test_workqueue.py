@@ -1271,27 +1271,18 @@ def test_reopen_in_a_loop_exactly_once(ctx: cl.Context, backend: str) -> None:
 
 AHEAD_KERNEL = r"""
 #include "svmkit_workqueue.h"
-/* A consumer that claims its position ahead (a fetch-add of head, then a wait on that slot):
- * head runs past tail while it waits, by one position per waiting work-item. */
+/* A consumer that always claims its position ahead (a fetch-add of head, then the header's
+ * wait on that slot, as wq_pop does when it loses a race): head runs past tail while it
+ * waits, by one position per waiting work-item. */
 __kernel void ahead(__global svmkit_wq *q, __global long *out, __global atomic_int *n)
 {
+    WQ_ITEM v;
     for (;;) {
         ulong pos = atomic_fetch_add_explicit(&q->head, (ulong)1, memory_order_relaxed,
                                               SVMKIT_SCOPE);
-        __global atomic_ulong *seq = svmkit_wq_seq(q, pos);
-        for (;;) {
-            if (svmkit_load_acquire(seq) == pos + 1) {
-                long v = *svmkit_wq_item(q, pos);
-                svmkit_store_release(seq, pos + q->mask + 1);
-                out[atomic_fetch_add_explicit(n, 1, memory_order_relaxed, SVMKIT_SCOPE)] = v;
-                break;
-            }
-            if (svmkit_load_acquire(&q->closed)) {
-                ulong tail = svmkit_load_acquire(&q->tail);
-                if ((tail & SVMKIT_WQ_CLOSED) && (long)(pos - (tail & ~SVMKIT_WQ_CLOSED)) >= 0)
-                    return;
-            }
-        }
+        if (!svmkit_wq_take_claimed(q, pos, &v))
+            return;
+        out[atomic_fetch_add_explicit(n, 1, memory_order_relaxed, SVMKIT_SCOPE)] = v;
     }
 }
 """
@@ -1319,6 +1310,45 @@ def test_reopen_after_consumers_claimed_ahead(ctx: cl.Context, backend: str) -> 
         np.testing.assert_array_equal(np.sort(out.host[:n]), np.arange(n))
         wq.reopen()
         assert len(wq) == 0
+
+
+RACING_POP_KERNEL = r"""
+#include "svmkit_workqueue.h"
+__kernel void racing(__global svmkit_wq *q, __global long *out, __global atomic_int *n)
+{
+    WQ_ITEM v;
+    while (wq_pop(q, &v))
+        out[atomic_fetch_add_explicit(n, 1, memory_order_relaxed, SVMKIT_SCOPE)] = v;
+}
+"""
+
+
+@pytest.mark.parametrize("groups", [2, 8])
+def test_racing_wq_pops_close_and_reopen_exactly_once(
+    ctx: cl.Context, backend: str, groups: int
+) -> None:
+    """Per-item wq_pop from several work-groups while items trickle in one at a time: the
+    consumers that lose a compare-exchange claim ahead (head past tail), and those still
+    waiting when the queue closes return false.  Each round delivers every item exactly
+    once, and reopen() makes the ring whole for the next."""
+    wq = sk.WorkQueue(ctx, 8, backend=backend)
+    queue = cl.CommandQueue(ctx)
+    prg = sk.build_program(ctx, RACING_POP_KERNEL)
+    for round_ in range(5):
+        n = 40 + 13 * round_
+        out = fine_zeros(ctx, n, np.int64)
+        count = fine_zeros(ctx, 1, np.int32)
+        event = sk.launch(queue, cl.Kernel(prg, "racing"), (groups,), (1,), wq, out, count)
+        queue.flush()
+        base = 1000 * round_
+        for i in range(n):  # one at a time: every consumer sees the same published head
+            wq.push(base + i)
+        wq.close()
+        finish([event], wq)
+        assert count.host[0] == n
+        np.testing.assert_array_equal(np.sort(out.host), base + np.arange(n))
+        wq.reopen()
+        assert len(wq) == 0 and not wq.closed
 
 
 # --- stress (run with -m stress) --------------------------------------------------------------
