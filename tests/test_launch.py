@@ -292,3 +292,67 @@ def test_exec_info_failures_are_typed_errors(queue, program, monkeypatch):
         launch_module._allow_fine_grain_system(kernel)  # what launch calls for SYSTEM memory
     assert err2.value.cl_error == "CL_INVALID_OPERATION"
     assert not getattr(kernel, "_svmkit_fine_grain_system", False)  # not marked as done
+
+
+SCALARS_SOURCE = """
+__kernel void scalars(__global double *out, char c, short h, int i, long l, float f, double d,
+                      uint u, ulong ul) {
+    out[0] = c; out[1] = h; out[2] = i; out[3] = l; out[4] = f; out[5] = d;
+    out[6] = u; out[7] = ul;
+}
+__kernel void scale(__global float *a, float s, int n) {
+    int i = get_global_id(0);
+    if (i < n) a[i] *= s;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def scalars_program(ctx: cl.Context) -> cl.Program:
+    if "cl_khr_fp64" not in ctx.devices[0].extensions:
+        pytest.skip("the device has no double precision (cl_khr_fp64)")
+    return sk.build_program(ctx, SCALARS_SOURCE)
+
+
+def test_numpy_scalars_of_every_width_reach_the_kernel(queue, scalars_program):
+    """NumPy scalars are set from their bytes: each width, signed and unsigned, arrives."""
+    out = sk.zeros(queue.context, 8, np.float64)
+    values = (
+        np.int8(-7), np.int16(-300), np.int32(-70000), np.int64(-(2**40)), np.float32(1.5),
+        np.float64(-0.0), np.uint32(4000000000), np.uint64(2**53),
+    )
+    for k in (scalars_program.scalars, cl.Kernel(scalars_program, "scalars")):
+        out.set(np.full(8, 99.0))
+        sk.launch(queue, k, (1,), None, out, *values).wait()
+        got = out.get()
+        np.testing.assert_array_equal(got, [float(v) for v in values])
+        assert np.signbit(got[5])  # -0.0 travelled as its bytes
+
+
+def test_scalar_arguments_change_between_launches(queue, scalars_program):
+    a = sk.asarray(queue.context, np.ones(16, np.float32))
+    k = scalars_program.scale
+    for s, n in ((2.0, 16), (3.0, 8), (0.5, 4)):
+        k(queue, (16,), None, a, np.float32(s), np.int32(n)).wait()
+    want = np.ones(16, np.float32) * 2
+    want[:8] *= 3
+    want[:4] *= 0.5
+    np.testing.assert_array_equal(a.get(), want)
+
+
+def test_pyopencl_decides_what_bytes_cannot_take(queue, scalars_program):
+    """Python numbers with scalar arg dtypes (PyOpenCL converts them), a scalar wider than its
+    parameter and a wrong argument count all behave as under PyOpenCL's own call."""
+    a = sk.asarray(queue.context, np.ones(4, np.float32))
+    k = cl.Kernel(scalars_program, "scale")
+    k.set_scalar_arg_dtypes([None, np.float32, np.int32])
+    sk.launch(queue, k, (4,), None, a, 2, 4).wait()  # Python numbers, converted
+    sk.launch(queue, k, (4,), None, a, np.float64(3.0), np.int64(2)).wait()  # converted too
+    np.testing.assert_array_equal(a.get(), [6, 6, 2, 2])
+    plain = cl.Kernel(scalars_program, "scale")
+    with pytest.raises(sk.SVMError) as err:  # 8 bytes for a float, no dtypes to convert
+        sk.launch(queue, plain, (4,), None, a, np.float64(3.0), np.int32(4))
+    assert err.value.cl_error == "CL_INVALID_ARG_SIZE"
+    with pytest.raises(TypeError):  # PyOpenCL's own count check
+        sk.launch(queue, plain, (4,), None, a, np.float32(3.0))
+    np.testing.assert_array_equal(a.get(), [6, 6, 2, 2])  # nothing ran
