@@ -217,7 +217,6 @@ def enqueue_kernel(
         raise translate(exc, what=f"enqueueing kernel {kernel.function_name}") from exc
 
 
-_SET_ARG_BUF = getattr(_cl.Kernel, "_set_arg_buf", None)
 _NP_GENERIC = np.generic
 
 
@@ -229,18 +228,19 @@ def _set_args_from_bytes(kernel: cl.Kernel, args: tuple[Any, ...] | list[Any]) -
         count = kernel._svmkit_num_args
     except AttributeError:
         count = kernel._svmkit_num_args = kernel.num_args
-    if len(args) != count or _SET_ARG_BUF is None:
+    if len(args) != count:
         return False
     try:
+        set_bytes, set_arg = kernel._set_arg_buf, kernel.set_arg
         i = 0
         for arg in args:
             if isinstance(arg, _NP_GENERIC):
-                _SET_ARG_BUF(kernel, i, arg)
+                set_bytes(i, arg)
             else:
-                kernel.set_arg(i, arg)
+                set_arg(i, arg)
             i += 1
-    except (cl.Error, TypeError, ValueError):
-        return False
+    except (cl.Error, TypeError, ValueError, AttributeError):  # (AttributeError: no
+        return False  # _set_arg_buf in this PyOpenCL)
     return True
 
 
