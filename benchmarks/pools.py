@@ -179,6 +179,7 @@ def measure(ctx: cl.Context, quick: bool) -> tuple[dict[str, dict[str, float]], 
         "PyOpenCL bare SVMPool block": (lambda n: ocl_pool(n), lambda a: None),
         "np.empty": (lambda n: np.empty(n, u8), lambda a: None),
         **gpu_rows(),
+        HARNESS: (lambda n: n, lambda a: None),
     }
     scale = 0.1 if quick else 1.0
     batches = 5 if quick else 15
@@ -246,6 +247,10 @@ def machine_notes(ctx: cl.Context) -> list[str]:
 
 
 POOL = "svmkit Pool: pool.empty + free"
+HARNESS = "the timing loop alone (allocates nothing)"
+"""The loop's own cost (a call, and on the random workload its list of live arrays): part
+of every row."""
+TARGET_US = 1.5
 OCL_ARRAY = "PyOpenCL array + SVMPool"
 RAW = "raw cl.svm_empty"
 
@@ -264,16 +269,20 @@ def render(
     for name, row in results.items():
         lines.append(f"| {name} | " + " | ".join(f"{row[c]:.2f}" for c in cols) + " |")
     pool = results[POOL]
-    ok = "met" if max(pool[c] for c in cols if c != "64 MiB") <= 2.0 else "MISSED"
+    worst = max(pool[c] for c in cols if c != "64 MiB")
+    ok = "met" if worst <= TARGET_US else "MISSED"
+    harness = results[HARNESS]["random"]
     worst_ocl = min(results[OCL_ARRAY][c] / pool[c] for c in cols)
+    results = {k: v for k, v in results.items() if k != HARNESS} | {HARNESS: results[HARNESS]}
     worst_raw = min(results[RAW][c] / pool[c] for c in cols)
     speed = first["raw"] / first["pooled"]
     lines += [
         "",
         "| target | measured | |",
         "|---|---|---|",
-        f"| <= 2 µs per pooled alloc+free (64 B - 1 MiB, random) | "
-        f"{max(pool[c] for c in cols if c != '64 MiB'):.2f} µs worst | {ok} |",
+        f"| <= {TARGET_US} µs per pooled alloc+free (64 B - 1 MiB, random) | "
+        f"{worst:.2f} µs worst (random: {pool['random']:.2f}, of which the replay itself "
+        f"{harness:.2f}) | {ok} |",
         f"| >= 12x faster than PyOpenCL's pooled array path (every size, random) | "
         f"{worst_ocl:.1f}x worst | {'met' if worst_ocl >= 12 else 'MISSED'} |",
         f"| vs raw cl.svm_empty (>= 400x on the H200) | {worst_raw:.0f}x worst | |",
@@ -315,7 +324,7 @@ def plot(results: dict[str, dict[str, float]], path: Path, title: str) -> None:
     ax.set_xticks([c + 0.4 - width / 2 for c in range(len(cols))], cols)
     ax.set_yscale("log")
     ax.set_ylabel("median µs per alloc + free (log)")
-    ax.axhline(2.0, color="k", lw=0.8, ls="--")
+    ax.axhline(TARGET_US, color="k", lw=0.8, ls="--")
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
