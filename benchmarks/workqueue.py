@@ -117,6 +117,17 @@ __kernel void spin_group(__global svmkit_wq *work, __global svmkit_wq *results)
     }
 }
 
+/* The ceiling of any per-item claim: every work-item fetch-adds one shared counter (what a
+ * claim of one position costs, without the queue's slots). */
+__kernel void shared_counter(__global atomic_ulong *counter, ulong n, __global ulong *sums)
+{
+    ulong s = 0, pos;
+    while ((pos = atomic_fetch_add_explicit(counter, (ulong)1, memory_order_relaxed,
+                                            SVMKIT_SCOPE)) < n)
+        s += pos;
+    sums[get_global_id(0)] = s;
+}
+
 __kernel void echo(__global svmkit_wq *in, __global svmkit_wq *out)
 {
     WQ_ITEM x;
@@ -217,6 +228,21 @@ def profile_sides(
     if int(sums.host[0]) != int((data * 2 + 1).sum()):
         raise SystemExit("drain checksum mismatch")
     return host_rate, n / device_s
+
+
+def shared_counter_rate(
+    ctx: cl.Context, queue: cl.CommandQueue, prg: cl.Program, n: int
+) -> tuple[float, int]:
+    """Claims/s when the persistent grid's work-items fetch-add one shared counter (the
+    per-item consumers' claim alone), and how many work-items did."""
+    gs, _ = sk.persistent_grid(queue, host_threads=1)
+    counter = sk.zeros(ctx, 1, np.uint64, policy=sk.Policy.fine(atomics=True))
+    sums = sk.zeros(ctx, gs[0], np.uint64, policy=sk.Policy.fine())
+    event = sk.launch(queue, cl.Kernel(prg, "shared_counter"), gs, (1,), counter, np.uint64(n), sums)
+    event.wait()
+    if int(sums.host.sum()) != n * (n - 1) // 2:
+        raise SystemExit("shared counter: positions lost or duplicated")
+    return n / ((event.profile.end - event.profile.start) * 1e-9), gs[0]
 
 
 def round_trip(
@@ -573,6 +599,17 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             drain[label] = dev_rate
+        progress("profile: the persistent grid fetch-adding one shared counter")
+        claims, items = shared_counter_rate(ctx, prof_queue, prg, int(20_000_000 * scale))
+        rows.append(
+            (
+                f"profile: {items} work-item(s) fetch-adding one shared counter (a per-item "
+                "claim's ceiling)",
+                fmt_rate(claims),
+                "",
+                "",
+            )
+        )
         concurrent = queue_rates[("wq_pop", 4096)]
         rows.append(
             (
@@ -602,8 +639,11 @@ def main(argv: list[str] | None = None) -> int:
             "push_many into an idle ring, one work-item draining a full ring), so the "
             "concurrent rate is bound by coherence traffic: the consumer trails the producer, "
             "and each item costs a compare-exchange on head plus acquire loads of slot lines "
-            "the host is writing at that moment. wq_pop_many claims a run with one "
-            "compare-exchange and reads it line by line."
+            "the host is writing at that moment. Several consumers also share head: a claim "
+            "that loses the compare-exchange takes the next position with one fetch-add (no "
+            "retries), and the shared-counter row is the rate of fetch-adds alone on one "
+            "line, the ceiling of any per-item claim with this many work-items. wq_pop_many "
+            "claims a run with one compare-exchange and reads it line by line."
         )
         progress("round trip")
         rt = round_trip(ctx, queue, prg, int(50_000 * scale))
