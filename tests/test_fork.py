@@ -59,8 +59,13 @@ def _outcome(fn: Callable[[], Any]) -> tuple[str, str]:
 
 def _survives_fork(ctx: cl.Context) -> bool:
     """Whether the suite's driver can start again in a forked child (CUDA-based NVIDIA
-    OpenCL cannot: the child gets UnsupportedError instead of a context)."""
-    return "NVIDIA" not in ctx.devices[0].platform.name
+    OpenCL cannot, nor PoCL's pthread device, whose worker threads stay in the parent: the
+    child gets UnsupportedError instead of a context)."""
+    device = ctx.devices[0]
+    pocl_pthread = "Portable Computing Language" in device.platform.name and (
+        device.name.startswith("pthread")
+    )
+    return "NVIDIA" not in device.platform.name and not pocl_pthread
 
 
 def _check_own_context(out: dict[str, Any], ctx: cl.Context) -> bool:
@@ -260,3 +265,34 @@ def test_a_driver_that_cannot_start_after_fork_is_a_clear_error(
     monkeypatch.setattr(fork_module, "forked", False)
     with pytest.raises(cl.LogicError):  # outside a forked child: the driver's own error
         sk.create_context()
+
+
+def test_pocl_pthread_used_by_the_parent_is_refused_in_a_child(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PoCL's pthread device keeps its worker threads in the parent: a child's context on it
+    would hang at its first wait, so create_context refuses it, and only it."""
+    from types import SimpleNamespace
+
+    capabilities_module = sys.modules["svmkit.capabilities"]
+    from svmkit.driver import fork as fork_module
+
+    def fake(platform: str, device: str) -> Any:
+        dev = SimpleNamespace(name=device, platform=SimpleNamespace(name=platform))
+        return SimpleNamespace(devices=[dev])
+
+    pocl = fake("Portable Computing Language", "pthread-AMD EPYC")
+    intel = fake("Intel(R) OpenCL", "AMD EPYC")
+    made: list[Any] = [pocl]
+    monkeypatch.setattr(capabilities_module, "_create_context", lambda _t: made[0])
+    monkeypatch.setattr(fork_module, "forked", True)
+    monkeypatch.setattr(fork_module, "parent_contexts", [pocl])
+    with pytest.raises(sk.UnsupportedError, match="forked after its parent used PoCL") as info:
+        sk.create_context()
+    assert "spawn" in str(info.value)
+    made[0] = intel  # another driver in the child: fine
+    assert sk.create_context() is intel
+    monkeypatch.setattr(fork_module, "parent_contexts", [intel])
+    made[0] = pocl  # PoCL first used in the child: fine
+    assert sk.create_context() is pocl
+    monkeypatch.setattr(fork_module, "forked", False)

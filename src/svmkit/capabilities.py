@@ -327,7 +327,7 @@ def create_context(*, device_type: Any = None) -> cl.Context:
         a device whose compiler fails.  The message lists what was found.
     """
     try:
-        return _create_context(device_type)
+        context = _create_context(device_type)
     except (cl.Error, SVMError) as exc:
         driver_error = exc if isinstance(exc, cl.Error) else exc.__cause__
         if not fork.forked or not isinstance(driver_error, cl.Error):
@@ -337,6 +337,32 @@ def create_context(*, device_type: Any = None) -> cl.Context:
             f"cannot start again here ({exc}); CUDA-based drivers (NVIDIA's) do not survive "
             "fork(): start processes with the 'spawn' method (multiprocessing, Dask)"
         ) from exc
+    if fork.forked:
+        _refuse_a_driver_left_in_the_parent(context)
+    return context
+
+
+def _is_pocl_pthread(device: cl.Device) -> bool:
+    """PoCL's ``pthread`` CPU device (PoCL 3), whose worker threads live in the process
+    that first used it."""
+    return "Portable Computing Language" in device.platform.name and device.name.startswith(
+        "pthread"
+    )
+
+
+def _refuse_a_driver_left_in_the_parent(context: cl.Context) -> None:
+    """In a forked child: a context on a driver whose state stayed in the parent is an
+    ``UnsupportedError``.  PoCL's ``pthread`` device starts its worker threads once per
+    process; a child forked after the parent used it gets a context and memory, but no
+    command ever completes there (seen with PoCL 3.0: the first wait hangs)."""
+    if not any(_is_pocl_pthread(d) for d in context.devices):
+        return
+    if any(_is_pocl_pthread(d) for parent in fork.parent_contexts for d in parent.devices):
+        raise UnsupportedError(
+            "this process was forked after its parent used PoCL's pthread device, whose "
+            "worker threads stay in the parent (a command here would never complete): start "
+            "processes with the 'spawn' method (multiprocessing, Dask)"
+        )
 
 
 _default_context: cl.Context | None = None
