@@ -165,6 +165,31 @@ def test_cl_allocator_enqueues_one_marker_per_epoch(ctx, queue, monkeypatch):
     assert all(events.is_complete(m) for m in markers)
 
 
+def test_a_pool_miss_takes_blocks_of_a_completed_epoch_before_it_grows(
+    ctx, queue, monkeypatch
+):
+    """Blocks pyopencl.array dropped wait in a closed epoch until its marker completes; a
+    pool that would otherwise grow (a clSVMAlloc) frees those whose marker completed first."""
+    from svmkit.events.epochs import QueueEpochs
+
+    monkeypatch.setattr(QueueEpochs, "tick", lambda self: False)  # the epoch thread idles
+    pool = sk.Pool(ctx, sk.Policy.best(ctx, system=False))
+    alloc = sk.cl_allocator(queue, pool)
+    blocks = [alloc(4096) for _ in range(EPOCH_BLOCKS)]
+    ptrs = {b.allocation.ptr for b in blocks}
+    del blocks  # 32 drops: the epoch closes with one marker
+    epochs = queue_epochs(queue)
+    assert epochs.pending() == EPOCH_BLOCKS and len(epochs.pending_events()) == 1
+    calls.finish(queue)  # the marker completed
+    grown = pool.info()["upstream_blocks"]
+    again = [alloc(4096) for _ in range(EPOCH_BLOCKS)]
+    assert pool.info()["upstream_blocks"] == grown  # no new block from the driver
+    assert {b.allocation.ptr for b in again} == ptrs
+    del again
+    monkeypatch.undo()
+    assert events.drain(10.0) and pool.stats()["current_bytes"] == 0
+
+
 def test_cl_allocator_large_block_gets_a_marker_of_its_own(ctx, queue, monkeypatch):
     pool = sk.Pool(ctx, sk.Policy.best(ctx, system=False))
     alloc = sk.cl_allocator(queue, pool)

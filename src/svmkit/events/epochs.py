@@ -57,6 +57,7 @@ __all__ = [
     "TICK_SECONDS",
     "QueueEpochs",
     "queue_epochs",
+    "reap_completed",
 ]
 
 log = logging.getLogger("svmkit.events")
@@ -236,6 +237,19 @@ class QueueEpochs:
     def pending_events(self) -> list[cl.Event]:
         """The markers closed epochs wait for."""
         return [m for m, _ in list(self._closed) if m is not None]
+
+
+def reap_completed() -> bool:
+    """Free, on this thread, the items of every queue's closed epochs whose marker has
+    completed; whether any epoch held closed items.  A pool runs this before it grows: a
+    marker's status costs a query, a new block a ``clSVMAlloc`` (about 0.8 ms on NVIDIA's
+    OpenCL), and blocks an epoch covers otherwise wait for the next close or tick."""
+    held = False
+    for epochs in list(_live):
+        if epochs._closed and not epochs.orphaned:
+            held = True
+            epochs.reap()
+    return held
 
 
 def queue_epochs(queue: cl.CommandQueue) -> QueueEpochs:

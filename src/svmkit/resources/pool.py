@@ -24,6 +24,7 @@ import pyopencl as cl
 from svmkit.driver import fork
 from svmkit.errors import InvalidValueError, OutOfMemoryError
 from svmkit.events import is_complete, shutting_down, wait_pending
+from svmkit.events.epochs import reap_completed
 from svmkit.events.release import ensure_release_thread, settle
 from svmkit.policy import check_alignment, check_size
 from svmkit.resources._cpool import Block, BlockCache, next_generation
@@ -133,6 +134,8 @@ class PoolResource(MemoryResource):
         if not size:
             return Allocation(self, 0, 0)
         cached: Allocation | None = self._cache.take_cached(nbytes)
+        if cached is None and reap_completed():  # blocks pyopencl.array dropped, first
+            cached = self._cache.take_cached(nbytes)
         if cached is not None:
             return cached
         allocation: Allocation = self._cache.adopt(self._grow(nbytes, size), nbytes)
