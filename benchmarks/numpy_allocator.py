@@ -285,7 +285,8 @@ def stubbed_launch_us(
     done.wait()
     saved = driver_calls._cl
     driver_calls._cl = types.SimpleNamespace(  # type: ignore[assignment]
-        Kernel=types.SimpleNamespace(__call__=lambda *args, **kwargs: done)
+        Kernel=types.SimpleNamespace(__call__=lambda *args, **kwargs: done),
+        enqueue_nd_range_kernel=lambda *args, **kwargs: done,  # (arguments set by svmkit)
     )
 
     def calls(arg: Any) -> Batch:
