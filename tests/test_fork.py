@@ -59,13 +59,13 @@ def _outcome(fn: Callable[[], Any]) -> tuple[str, str]:
 
 def _survives_fork(ctx: cl.Context) -> bool:
     """Whether the suite's driver can start again in a forked child (CUDA-based NVIDIA
-    OpenCL cannot, nor PoCL's pthread device, whose worker threads stay in the parent: the
+    OpenCL cannot, nor PoCL's CPU devices, whose worker threads stay in the parent: the
     child gets UnsupportedError instead of a context)."""
     device = ctx.devices[0]
-    pocl_pthread = "Portable Computing Language" in device.platform.name and (
-        device.name.startswith("pthread")
+    pocl_cpu = "Portable Computing Language" in device.platform.name and bool(
+        device.type & cl.device_type.CPU
     )
-    return "NVIDIA" not in device.platform.name and not pocl_pthread
+    return "NVIDIA" not in device.platform.name and not pocl_cpu
 
 
 def _check_own_context(out: dict[str, Any], ctx: cl.Context) -> bool:
@@ -267,18 +267,18 @@ def test_a_driver_that_cannot_start_after_fork_is_a_clear_error(
         sk.create_context()
 
 
-def test_pocl_pthread_used_by_the_parent_is_refused_in_a_child(
+def test_pocl_cpu_used_by_the_parent_is_refused_in_a_child(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """PoCL's pthread device keeps its worker threads in the parent: a child's context on it
+    """PoCL's CPU devices keep their worker threads in the parent: a child's context on one
     would hang at its first wait, so create_context refuses it, and only it."""
     from types import SimpleNamespace
 
     capabilities_module = sys.modules["svmkit.capabilities"]
     from svmkit.driver import fork as fork_module
 
-    def fake(platform: str, device: str) -> Any:
-        dev = SimpleNamespace(name=device, platform=SimpleNamespace(name=platform))
+    def fake(platform: str, device: str, kind: int = cl.device_type.CPU) -> Any:
+        dev = SimpleNamespace(name=device, type=kind, platform=SimpleNamespace(name=platform))
         return SimpleNamespace(devices=[dev])
 
     pocl = fake("Portable Computing Language", "pthread-AMD EPYC")
@@ -295,4 +295,8 @@ def test_pocl_pthread_used_by_the_parent_is_refused_in_a_child(
     monkeypatch.setattr(fork_module, "parent_contexts", [intel])
     made[0] = pocl  # PoCL first used in the child: fine
     assert sk.create_context() is pocl
+    gpu = fake("Portable Computing Language", "cuda-H200", cl.device_type.GPU)
+    monkeypatch.setattr(fork_module, "parent_contexts", [gpu])
+    made[0] = gpu  # a PoCL GPU device: not a CPU driver's worker threads
+    assert sk.create_context() is gpu
     monkeypatch.setattr(fork_module, "forked", False)

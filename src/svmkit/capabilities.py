@@ -342,25 +342,26 @@ def create_context(*, device_type: Any = None) -> cl.Context:
     return context
 
 
-def _is_pocl_pthread(device: cl.Device) -> bool:
-    """PoCL's ``pthread`` CPU device (PoCL 3), whose worker threads live in the process
-    that first used it."""
-    return "Portable Computing Language" in device.platform.name and device.name.startswith(
-        "pthread"
+def _is_pocl_cpu(device: cl.Device) -> bool:
+    """A CPU device of PoCL (its ``pthread`` driver in PoCL 3, ``cpu`` in PoCL 5), whose
+    worker threads live in the process that first used it."""
+    return "Portable Computing Language" in device.platform.name and bool(
+        device.type & cl.device_type.CPU
     )
 
 
 def _refuse_a_driver_left_in_the_parent(context: cl.Context) -> None:
     """In a forked child: a context on a driver whose state stayed in the parent is an
-    ``UnsupportedError``.  PoCL's ``pthread`` device starts its worker threads once per
-    process; a child forked after the parent used it gets a context and memory, but no
-    command ever completes there (seen with PoCL 3.0: the first wait hangs)."""
-    if not any(_is_pocl_pthread(d) for d in context.devices):
+    ``UnsupportedError``.  PoCL's CPU drivers start their worker threads once per process;
+    a child forked after the parent used one gets a context and memory, but no command
+    ever completes there (seen with PoCL 3.0's pthread and PoCL 5.0's cpu device: the
+    first wait hangs)."""
+    if not any(_is_pocl_cpu(d) for d in context.devices):
         return
-    if any(_is_pocl_pthread(d) for parent in fork.parent_contexts for d in parent.devices):
+    if any(_is_pocl_cpu(d) for parent in fork.parent_contexts for d in parent.devices):
         raise UnsupportedError(
-            "this process was forked after its parent used PoCL's pthread device, whose "
-            "worker threads stay in the parent (a command here would never complete): start "
+            "this process was forked after its parent used PoCL's CPU device, whose worker "
+            "threads stay in the parent (a command here would never complete): start "
             "processes with the 'spawn' method (multiprocessing, Dask)"
         )
 
