@@ -238,7 +238,9 @@ def shared_counter_rate(
     gs, _ = sk.persistent_grid(queue, host_threads=1)
     counter = sk.zeros(ctx, 1, np.uint64, policy=sk.Policy.fine(atomics=True))
     sums = sk.zeros(ctx, gs[0], np.uint64, policy=sk.Policy.fine())
-    event = sk.launch(queue, cl.Kernel(prg, "shared_counter"), gs, (1,), counter, np.uint64(n), sums)
+    event = sk.launch(
+        queue, cl.Kernel(prg, "shared_counter"), gs, (1,), counter, np.uint64(n), sums
+    )
     event.wait()
     if int(sums.host.sum()) != n * (n - 1) // 2:
         raise SystemExit("shared counter: positions lost or duplicated")

@@ -12,7 +12,7 @@ import pytest
 
 import svmkit as sk
 from svmkit.driver import calls
-from svmkit.workqueue import batched as batched_module
+from svmkit.resources.base import record_events
 from svmkit.workqueue.batched import BatchedLaunches
 
 SOURCE = r"""
@@ -79,7 +79,7 @@ def test_arguments_are_set_once_per_slot_and_every_launch_is_recorded(
     runner, offset = _launcher(ctx, queue, program, sk.Policy.coarse(), depth=2, batch=10)
     checked: list[int] = []
     recorded: list[set[int]] = []
-    real_launch, real_record = batched_module.launch, batched_module.record_events
+    real_launch, real_record = sk.launch, record_events
 
     def counting_launch(*args: Any, **kw: Any) -> cl.Event:
         checked.append(1)
@@ -90,8 +90,8 @@ def test_arguments_are_set_once_per_slot_and_every_launch_is_recorded(
         recorded.append({id(a) for a in allocs})
         real_record(allocs, event, q)
 
-    monkeypatch.setattr(batched_module, "launch", counting_launch)
-    monkeypatch.setattr(batched_module, "record_events", counting_record)
+    monkeypatch.setattr("svmkit.workqueue.batched.launch", counting_launch)
+    monkeypatch.setattr("svmkit.workqueue.batched.record_events", counting_record)
     items = np.arange(95, dtype=np.int64)
     out = np.empty(95, np.int64)
     runner.run(items, out)
@@ -124,8 +124,8 @@ def test_an_error_waits_for_the_batches_in_flight(
         waited.append(event)
         real_wait(event, what)
 
-    monkeypatch.setattr(batched_module.calls, "flush", failing_flush)
-    monkeypatch.setattr(batched_module.calls, "wait", counting_wait)
+    monkeypatch.setattr(calls, "flush", failing_flush)
+    monkeypatch.setattr(calls, "wait", counting_wait)
     out = np.empty(160, np.int64)
     with pytest.raises(KeyboardInterrupt):
         runner.run(np.arange(160, dtype=np.int64), out)

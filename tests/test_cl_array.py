@@ -165,9 +165,7 @@ def test_cl_allocator_enqueues_one_marker_per_epoch(ctx, queue, monkeypatch):
     assert all(events.is_complete(m) for m in markers)
 
 
-def test_a_pool_miss_takes_blocks_of_a_completed_epoch_before_it_grows(
-    ctx, queue, monkeypatch
-):
+def test_a_pool_miss_takes_blocks_of_a_completed_epoch_before_it_grows(ctx, queue, monkeypatch):
     """Blocks pyopencl.array dropped wait in a closed epoch until its marker completes; a
     pool that would otherwise grow (a clSVMAlloc) frees those whose marker completed first."""
     from svmkit.events.epochs import QueueEpochs

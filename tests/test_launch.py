@@ -318,8 +318,14 @@ def test_numpy_scalars_of_every_width_reach_the_kernel(queue, scalars_program):
     """NumPy scalars are set from their bytes: each width, signed and unsigned, arrives."""
     out = sk.zeros(queue.context, 8, np.float64)
     values = (
-        np.int8(-7), np.int16(-300), np.int32(-70000), np.int64(-(2**40)), np.float32(1.5),
-        np.float64(-0.0), np.uint32(4000000000), np.uint64(2**53),
+        np.int8(-7),
+        np.int16(-300),
+        np.int32(-70000),
+        np.int64(-(2**40)),
+        np.float32(1.5),
+        np.float64(-0.0),
+        np.uint32(4000000000),
+        np.uint64(2**53),
     )
     for k in (scalars_program.scalars, cl.Kernel(scalars_program, "scalars")):
         out.set(np.full(8, 99.0))

@@ -86,7 +86,9 @@ def test_pool_arrays_of_every_length_and_spelling_on_one_block(ctx: cl.Context) 
         a = pool.empty(n, dtype)
         want = np.dtype(dtype)
         shape = (n,) if isinstance(n, int) else n
-        assert a.shape == shape and a.dtype == want and a.nbytes == int(np.prod(shape)) * want.itemsize
+        assert (
+            a.shape == shape and a.dtype == want and a.nbytes == int(np.prod(shape)) * want.itemsize
+        )
         if a.size:
             seen_ptrs.add(a.ptr)
             a.set(np.arange(a.size).reshape(shape).astype(want))

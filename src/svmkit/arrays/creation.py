@@ -84,7 +84,9 @@ def _new(
             whole = memo.get(dtype)
             if whole is None:
                 block_u8 = alloc.block.u8
-                whole = memo[dtype] = np.frombuffer(block_u8, dtype, len(block_u8) // dtype.itemsize)
+                whole = memo[dtype] = np.frombuffer(
+                    block_u8, dtype, len(block_u8) // dtype.itemsize
+                )
             view = memo[key] = whole[: shape[0]]
         else:
             view = memo[key] = _typed_view(alloc.block.u8, shape, dtype, nbytes)

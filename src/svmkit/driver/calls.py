@@ -207,7 +207,9 @@ def enqueue_kernel(
     :class:`svmkit.Kernel` overrides the call with :func:`svmkit.launch`."""
     try:
         if not options and _set_args_from_bytes(kernel, args):
-            return _cl.enqueue_nd_range_kernel(queue, kernel, global_size, local_size, wait_for=wait)
+            return _cl.enqueue_nd_range_kernel(
+                queue, kernel, global_size, local_size, wait_for=wait
+            )
         if options:
             return _cl.Kernel.__call__(
                 kernel, queue, global_size, local_size, *args, wait_for=wait, **options
@@ -232,13 +234,11 @@ def _set_args_from_bytes(kernel: cl.Kernel, args: tuple[Any, ...] | list[Any]) -
         return False
     try:
         set_bytes, set_arg = kernel._set_arg_buf, kernel.set_arg
-        i = 0
-        for arg in args:
+        for i, arg in enumerate(args):
             if isinstance(arg, _NP_GENERIC):
                 set_bytes(i, arg)
             else:
                 set_arg(i, arg)
-            i += 1
     except (cl.Error, TypeError, ValueError, AttributeError):  # (AttributeError: no
         return False  # _set_arg_buf in this PyOpenCL)
     return True
