@@ -175,9 +175,14 @@ def test_a_pool_miss_takes_blocks_of_a_completed_epoch_before_it_grows(ctx, queu
     alloc = sk.cl_allocator(queue, pool)
     blocks = [alloc(4096) for _ in range(EPOCH_BLOCKS)]
     ptrs = {b.allocation.ptr for b in blocks}
-    del blocks  # 32 drops: the epoch closes with one marker
-    epochs = queue_epochs(queue)
-    assert epochs.pending() == EPOCH_BLOCKS and len(epochs.pending_events()) == 1
+    gate = cl.UserEvent(ctx)  # the epoch's marker cannot complete while the gate is closed
+    calls.enqueue_marker(queue, [gate])
+    try:
+        del blocks  # 32 drops: the epoch closes with one marker
+        epochs = queue_epochs(queue)
+        assert epochs.pending() == EPOCH_BLOCKS and len(epochs.pending_events()) == 1
+    finally:
+        gate.set_status(cl.command_execution_status.COMPLETE)
     calls.finish(queue)  # the marker completed
     grown = pool.info()["upstream_blocks"]
     again = [alloc(4096) for _ in range(EPOCH_BLOCKS)]

@@ -244,8 +244,10 @@ def reap_completed() -> bool:
     completed; whether any epoch held closed items.  A pool runs this before it grows: a
     marker's status costs a query, a new block a ``clSVMAlloc`` (about 0.8 ms on NVIDIA's
     OpenCL), and blocks an epoch covers otherwise wait for the next close or tick."""
+    if shutting_down():
+        return False  # at exit svmkit calls no driver any more
     held = False
-    for epochs in list(_live):
+    for epochs in _every_queue():
         if epochs._closed and not epochs.orphaned:
             held = True
             epochs.reap()
@@ -269,6 +271,16 @@ def queue_epochs(queue: cl.CommandQueue) -> QueueEpochs:
 
 # -- the epoch thread ----------------------------------------------------------------------
 _live: weakref.WeakSet[QueueEpochs] = weakref.WeakSet()
+
+
+def _every_queue() -> list[QueueEpochs]:
+    """The live :class:`QueueEpochs`, a snapshot (another thread may add one while a
+    WeakSet is copied: then the copy raises, and is taken again)."""
+    while True:
+        try:
+            return list(_live)
+        except RuntimeError:  # "set changed size during iteration"
+            continue
 _wake: _queue.SimpleQueue[None] = _queue.SimpleQueue()  # put is safe in finalizers
 _interval = TICK_SECONDS  # the epoch thread's next pause
 _thread: threading.Thread | None = None
@@ -314,7 +326,7 @@ def _tick_epochs() -> bool:
     # Cleared before the epochs are looked at: a release whose item this tick may miss
     # finds the flag clear and wakes the thread again.
     QueueEpochs.ticking = False
-    every = list(_live)
+    every = _every_queue()
     busy = False
     for epochs in every:
         try:
@@ -346,7 +358,7 @@ at_shutdown(_stop)
 
 
 def _flush_all() -> None:
-    for epochs in list(_live):
+    for epochs in _every_queue():
         epochs.flush()
 
 
