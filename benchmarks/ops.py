@@ -139,6 +139,7 @@ class _StubKernel:
         return self.done
 
     num_args = 4  # the launch rows' two arrays and two scalars
+    _svmkit_untyped = True  # no scalar arg dtypes: NumPy scalars are set from their bytes
 
     def set_arg(self, index: int, arg: Any) -> None:
         """``clSetKernelArg`` stubbed: what svmkit sets per argument is timed, not the
@@ -255,7 +256,11 @@ def small_rows(
             None,
         )
 
-    noop_program = sk.build_program(ctx, NOOP4)
+    # Built from source with argument info: svmkit sets a raw kernel's NumPy scalars from
+    # their bytes where clGetKernelArgInfo says they are the parameter's type (a program
+    # from PyOpenCL's binary cache has no argument info on Intel's CPU runtime: then
+    # they go through PyOpenCL's call, as in the raw row).
+    noop_program = sk.build_program(ctx, NOOP4, options=["-cl-kernel-arg-info"], cache=False)
     noop = cl.Kernel(noop_program, "noop4")  # a raw PyOpenCL kernel
     tracked = noop_program.noop4  # an sk.Kernel: its call is sk.launch
     n_arg, x_arg = np.int32(64), np.float32(2.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyopencl as cl
 import pytest
@@ -362,3 +364,38 @@ def test_pyopencl_decides_what_bytes_cannot_take(queue, scalars_program):
     with pytest.raises(TypeError):  # PyOpenCL's own count check
         sk.launch(queue, plain, (4,), None, a, np.float32(3.0))
     np.testing.assert_array_equal(a.get(), [6, 6, 2, 2])  # nothing ran
+
+
+def test_numpy_scalars_of_another_type_are_converted_where_dtypes_are_set(ctx, queue):
+    """A NumPy scalar goes from its bytes only where those are what PyOpenCL's call passes:
+    with ``set_scalar_arg_dtypes`` an ``int32`` for a ``float`` parameter is converted
+    (2 -> 2.0), on a raw kernel with argument info, one without (a cached binary), and an
+    :class:`svmkit.Kernel`; the scalar of the parameter's own type still goes as bytes."""
+    source = "__kernel void put(__global float *o, float x, int n) { o[0] = x; o[1] = n; }"
+    with_info = sk.build_program(ctx, source, options=["-cl-kernel-arg-info"], cache=False)
+    cached = sk.build_program(ctx, source)
+    out = sk.zeros(ctx, 2, np.float32)
+    from_bytes: list[int] = []
+    real = cl.Kernel._set_arg_buf
+
+    def counted(self: cl.Kernel, index: int, value: Any) -> None:
+        from_bytes.append(index)
+        real(self, index, value)
+
+    kernels = [cl.Kernel(with_info, "put"), cl.Kernel(cached, "put"), sk.Kernel(cached, "put")]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cl.Kernel, "_set_arg_buf", counted)
+        for k in kernels:
+            k.set_scalar_arg_dtypes([None, np.float32, np.int32])
+            out.set(np.zeros(2, np.float32))
+            sk.launch(queue, k, (1,), None, out, np.int32(2), np.int32(5)).wait()
+            np.testing.assert_array_equal(out.get(), [2.0, 5.0])
+        assert 1 not in from_bytes  # each went through PyOpenCL's conversion
+        from_bytes.clear()
+        sk.launch(queue, kernels[0], (1,), None, out, np.float32(1.5), np.int32(7)).wait()
+        assert from_bytes == [1, 2]  # the parameters' own types: from their bytes
+        np.testing.assert_array_equal(out.get(), [1.5, 7.0])
+        untyped = sk.build_program(ctx, source).put  # no dtypes: PyOpenCL would pass bytes
+        sk.launch(queue, untyped, (1,), None, out, np.float32(0.25), np.int32(-3)).wait()
+        assert from_bytes == [1, 2, 1, 2]
+        np.testing.assert_array_equal(out.get(), [0.25, -3.0])

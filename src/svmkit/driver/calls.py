@@ -35,6 +35,7 @@ import pyopencl as cl
 from pyopencl import _cl as _cl  # (re-exported: benchmarks and tests stub it)
 
 from svmkit.driver import entrypoints
+from svmkit.driver.c_types import scalar_parameter_dtype
 from svmkit.errors import (
     BuildError,
     InvalidValueError,
@@ -199,10 +200,14 @@ def enqueue_kernel(
     generic ``set_arg``, which its ``Kernel.__call__`` uses for a kernel without scalar
     argument dtypes, spends about 9 µs on each NumPy scalar, on every driver, where the
     driver's ``clSetKernelArg`` takes 0.1.  Every other argument goes through ``set_arg``.
-    Whatever that fast setting cannot take (a Python number for a kernel whose
+    A NumPy scalar goes from its bytes only where those are the bytes PyOpenCL's call
+    passes: to an :class:`svmkit.Kernel` without ``set_scalar_arg_dtypes``, or to a
+    parameter whose type (``clGetKernelArgInfo``) is the scalar's own.  Whatever that fast
+    setting cannot take (a scalar of another type, a Python number for a kernel whose
     ``set_scalar_arg_dtypes`` PyOpenCL converts it with, a scalar of another size than the
-    kernel's parameter, an argument count that differs from the kernel's) goes to
-    PyOpenCL's own call, with its conversions and its errors.  ``options`` are PyOpenCL's
+    kernel's parameter, an argument count that differs from the kernel's, a raw kernel
+    whose driver kept no argument info) goes to PyOpenCL's own call, with its conversions
+    and its errors.  ``options`` are PyOpenCL's
     other keywords (``global_offset``...), for PyOpenCL's call too.  An
     :class:`svmkit.Kernel` overrides the call with :func:`svmkit.launch`."""
     try:
@@ -225,23 +230,45 @@ _NP_GENERIC = np.generic
 def _set_args_from_bytes(kernel: cl.Kernel, args: tuple[Any, ...] | list[Any]) -> bool:
     """Set ``args`` on ``kernel``, NumPy scalars from their bytes; False (nothing promised
     about what was set) where PyOpenCL's own call must decide: another argument count than
-    the kernel's, or a setting the driver or PyOpenCL refused."""
+    the kernel's, a NumPy scalar whose bytes may not be what PyOpenCL passes (see
+    :func:`_parameters`), or a setting the driver or PyOpenCL refused."""
     try:
-        count = kernel._svmkit_num_args
+        count, exact = kernel._svmkit_params
     except AttributeError:
-        count = kernel._svmkit_num_args = kernel.num_args
+        count, exact = kernel._svmkit_params = _parameters(kernel)
     if len(args) != count:
         return False
     try:
         set_bytes, set_arg = kernel._set_arg_buf, kernel.set_arg
         for i, arg in enumerate(args):
             if isinstance(arg, _NP_GENERIC):
+                if exact is not None:
+                    want = exact[i]
+                    if want is None or (arg.dtype is not want and arg.dtype != want):
+                        return False
                 set_bytes(i, arg)
             else:
                 set_arg(i, arg)
     except (cl.Error, TypeError, ValueError, AttributeError):  # (AttributeError: no
         return False  # _set_arg_buf in this PyOpenCL)
     return True
+
+
+def _parameters(kernel: cl.Kernel) -> tuple[int, tuple[np.dtype[Any] | None, ...] | None]:
+    """``kernel``'s parameter count, and which NumPy scalars go from their bytes: ``None``
+    (any: a kernel that says it has no ``set_scalar_arg_dtypes``, ``_svmkit_untyped``,
+    whose PyOpenCL call passes a NumPy scalar's bytes too), else per parameter the one
+    dtype that does (``clGetKernelArgInfo``'s type of a by-value parameter: PyOpenCL's
+    conversion to it leaves such a scalar as it is; ``None`` for a pointer, another type,
+    or every parameter when the driver kept no argument info)."""
+    count = int(kernel.num_args)
+    if getattr(kernel, "_svmkit_untyped", False):
+        return count, None
+    try:
+        names = [str(kernel.get_arg_info(i, cl.kernel_arg_info.TYPE_NAME)) for i in range(count)]
+    except cl.Error:  # CL_KERNEL_ARG_INFO_NOT_AVAILABLE (a program built from a binary)
+        return count, (None,) * count
+    return count, tuple(scalar_parameter_dtype(name) for name in names)
 
 
 def enqueue_kernel_as_set(

@@ -281,6 +281,8 @@ def _every_queue() -> list[QueueEpochs]:
             return list(_live)
         except RuntimeError:  # "set changed size during iteration"
             continue
+
+
 _wake: _queue.SimpleQueue[None] = _queue.SimpleQueue()  # put is safe in finalizers
 _interval = TICK_SECONDS  # the epoch thread's next pause
 _thread: threading.Thread | None = None

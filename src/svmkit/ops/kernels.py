@@ -108,8 +108,18 @@ class Kernel(cl.Kernel):  # type: ignore[misc]
             error: SVMError = translate(exc, what=f"clCreateKernel({name!r})")
             raise error from exc
         self._svmkit_ready = True
+        self._svmkit_untyped = True  # (until set_scalar_arg_dtypes: see enqueue_kernel)
         if isinstance(program, Program):
             program._svmkit_kernels()[name] = self
+
+    def set_arg_types(self, arg_types: Any) -> None:
+        """PyOpenCL's ``set_arg_types``; scalars are then set as PyOpenCL converts them
+        (:func:`svmkit.driver.calls.enqueue_kernel`)."""
+        self._svmkit_untyped = False
+        self.__dict__.pop("_svmkit_params", None)
+        super().set_arg_types(arg_types)
+
+    set_scalar_arg_dtypes = set_arg_types
 
     __call__ = launch
     """:func:`svmkit.launch` of this kernel: ``k(queue, global_size, local_size, *args,
