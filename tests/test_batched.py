@@ -11,6 +11,7 @@ import pyopencl as cl
 import pytest
 
 import svmkit as sk
+from svmkit.arrays.numpy_owned import allocation_of
 from svmkit.driver import calls
 from svmkit.resources.base import record_events
 from svmkit.workqueue.batched import BatchedLaunches
@@ -132,3 +133,82 @@ def test_an_error_waits_for_the_batches_in_flight(
     assert len(waited) == 3  # the three batches submitted, none left running
     assert all(calls.event_complete(e) for e in waited)
     np.testing.assert_array_equal(out[:48], np.arange(48) * 3 + 7)
+
+
+def test_one_kernel_object_for_two_slots_is_refused(
+    ctx: cl.Context, queue: cl.CommandQueue, program: sk.Program
+) -> None:
+    shared = calls.new_kernel(program, "affine")
+    with pytest.raises(sk.InvalidValueError, match="a kernel of its own"):
+        BatchedLaunches(ctx, [queue], lambda: shared, 8, depth=2)
+    with pytest.raises(sk.InvalidValueError, match="a kernel of its own"):
+        BatchedLaunches(ctx, [queue], lambda: program.affine, 8, depth=2)  # one object
+    runner = BatchedLaunches(ctx, [queue], lambda: shared, 8, depth=1)  # one slot: fine
+    assert runner.depth == 1
+
+
+def test_extra_arguments_are_checked_at_each_run(
+    ctx: cl.Context, queue: cl.CommandQueue, program: sk.Program
+) -> None:
+    """Later launches enqueue over the arguments a slot's kernel holds; each run first
+    checks ``extra`` as a launch would: a freed one is a UseAfterFreeError before any batch
+    is enqueued, and the caller's array keeps its bytes."""
+    runner, offset = _launcher(ctx, queue, program, sk.Policy.coarse(), depth=2, batch=8)
+    items = np.arange(40, dtype=np.int64)
+    out = np.empty(40, np.int64)
+    runner.run(items, out)
+    np.testing.assert_array_equal(out, items * 3 + 7)
+    offset.free()
+    out[:] = -5
+    with pytest.raises(sk.UseAfterFreeError):
+        runner.run(items, out)
+    assert (out == -5).all()
+
+
+class _RecordingBox:
+    """Passes ``kernel_arg`` to the kernel and records the events of the launches it is an
+    argument of, as a work queue does."""
+
+    def __init__(self, array: sk.SVMArray) -> None:
+        self.kernel_arg = array
+        self.svm_pointers: tuple[int, ...] = ()
+        self.recorded: list[cl.Event] = []
+
+    def record(self, event: cl.Event) -> None:
+        self.recorded.append(event)
+
+
+def test_later_launches_record_on_numpy_allocator_arrays_and_work_queues(
+    ctx: cl.Context, queue: cl.CommandQueue, program: sk.Program, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a slot's later launches record their event on is what a launch records on: an
+    ``extra`` NumPy array of ``sk.numpy_allocator``'s (its allocation), and an object that
+    records its own events (a work queue's ``record``), once per batch."""
+    if not sk.capabilities(ctx).fine_grain_buffer:
+        pytest.skip("the device has no fine-grain buffer SVM (sk.numpy_allocator needs it)")
+    with sk.numpy_allocator(sk.Pool(ctx, sk.Policy.fine())):
+        offset = np.full(1, 11, np.int64)
+    owned = allocation_of(offset)
+    assert owned is not None
+    box = _RecordingBox(sk.asarray(ctx, np.array([100], np.int64)))
+    recorded: list[set[int]] = []
+
+    def counting_record(allocs: Any, event: cl.Event, q: cl.CommandQueue) -> None:
+        allocs = list(allocs)
+        recorded.append({id(a) for a in allocs})
+        record_events(allocs, event, q)
+
+    monkeypatch.setattr("svmkit.workqueue.batched.record_events", counting_record)
+    items = np.arange(30, dtype=np.int64)
+    for extra, want in (((offset,), items * 3 + 11), ((box,), items * 3 + 100)):
+        runner = BatchedLaunches(
+            ctx, [queue], lambda: calls.new_kernel(program, "affine"), 10, extra=extra
+        )
+        out = np.empty(30, np.int64)
+        recorded.clear()
+        runner.run(items, out)
+        np.testing.assert_array_equal(out, want)
+        assert len(recorded) == 2  # batches 2 and 3 (the first went through sk.launch)
+        assert all((id(owned) in r) == (extra[0] is offset) for r in recorded)
+    assert len(box.recorded) == 3  # every batch's event, the first's by sk.launch
+    assert all(calls.event_complete(e) for e in box.recorded)

@@ -13,6 +13,7 @@ batch's copies with another's kernel); ``depth=1`` waits for each batch (sync).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ import pyopencl as cl
 
 from svmkit.arrays.array import SVMArray
 from svmkit.arrays.creation import empty
+from svmkit.arrays.numpy_owned import allocation_of
 from svmkit.driver import calls
 from svmkit.errors import InvalidValueError
 from svmkit.ops import launch
@@ -30,6 +32,8 @@ from svmkit.policy import Granularity, Policy
 from svmkit.resources.base import Allocation, record_events
 
 __all__ = ["BatchedLaunches"]
+
+log = logging.getLogger("svmkit.workqueue")
 
 
 def _bytes(a: Any, nbytes: int) -> Any:
@@ -42,8 +46,17 @@ class BatchedLaunches:
     """Run batches of items as one launch each, ``depth`` batches in flight.
 
     ``make_kernel()`` returns a new kernel object (each slot owns one, with its arguments
-    set once); ``extra`` are the arguments between the batch's input and output buffers.
-    ``policy`` picks the batch buffers: coarse-grain (copies) or fine-grain (in place).
+    set once: ``cl.Kernel(prg, name)``, not a program's attribute, which is one object);
+    ``extra`` are the arguments between the batch's input and output buffers, checked at
+    each :meth:`run` (live, of the context, not mapped) and left alone by the caller until
+    it returns.  ``policy`` picks the batch buffers: coarse-grain (copies) or fine-grain
+    (in place).
+
+    Raises
+    ------
+    InvalidValueError
+        ``batch`` or ``depth`` below 1, no queues, or ``make_kernel`` returning a kernel
+        object another slot already owns.
     """
 
     def __init__(
@@ -68,21 +81,61 @@ class BatchedLaunches:
         pol = policy or Policy.coarse()
         self.copies = pol.granularity is Granularity.COARSE
         self.in_dtype, self.out_dtype = np.dtype(in_dtype), np.dtype(out_dtype)
-        self._slots = []
+        self._slots: list[tuple[SVMArray, SVMArray, np.ndarray[Any, Any], cl.Kernel]] = []
         self._host_in: list[np.ndarray[Any, Any] | None] = []
         for _ in range(depth):
             dev_in = empty(ctx, batch, self.in_dtype, policy=pol)
             dev_out = empty(ctx, batch, self.out_dtype, policy=pol)
             kernel = make_kernel()
+            if any(kernel is slot[3] for slot in self._slots):
+                raise InvalidValueError(
+                    "make_kernel() returned a kernel object another slot already owns: each "
+                    "slot sets its kernel's arguments once, so it needs a kernel of its own "
+                    "(cl.Kernel(program, name) makes a new one)"
+                )
             # Fine-grain: the host side of each buffer is one long-lived host view (an
             # export per slot, not one per batch: an export dying is a finalizer, and a
             # Ctrl-C that lands in a finalizer is lost to Python).
             host_out = np.empty(batch, self.out_dtype) if self.copies else dev_out.host
             self._slots.append((dev_in, dev_out, host_out, kernel))
             self._host_in.append(None if self.copies else dev_in.host)
+        self.context = ctx
         self._extra = tuple(extra)
-        # Per slot: the allocations its launches record on, once its kernel holds them.
-        self._allocs: list[list[Allocation] | None] = [None] * depth
+        # Per slot: whether its kernel holds its arguments (its first launch set them).
+        self._set: list[bool] = [False] * depth
+        # What each later launch records its event on, per slot, as _check_extra found it
+        # for this run: allocations (the slot's buffers, then extra's), and objects that
+        # record their own (work queues).
+        self._allocs: list[list[Allocation]] = [[] for _ in range(depth)]
+        self._extra_recorders: list[Callable[[cl.Event], None]] = []
+
+    def _check_extra(self) -> None:
+        """Check ``extra`` for this run, as :func:`svmkit.launch` checks arguments: an
+        SVMArray live, of the context and not mapped in conflict; and note what each
+        launch records its event on (a NumPy array of ``sk.numpy_allocator``'s: its
+        allocation; a work queue: its own ``record``)."""
+        allocs: list[Allocation] = []
+        recorders: list[Callable[[cl.Event], None]] = []
+        for i, arg in enumerate(self._extra):
+            if isinstance(arg, SVMArray):
+                allocs.append(
+                    arg.for_command(
+                        self.context, None, f"extra argument {i}", "BatchedLaunches.run()"
+                    )
+                )
+            elif isinstance(arg, np.ndarray) and arg.ndim:
+                alloc = allocation_of(arg)
+                if alloc is not None:  # (else the slot's first launch raises)
+                    allocs.append(alloc)
+            else:
+                record = getattr(arg, "record", None)
+                if callable(record):
+                    recorders.append(record)
+        self._allocs = [
+            [dev_in.allocation, *allocs, dev_out.allocation]
+            for dev_in, dev_out, _, _ in self._slots
+        ]
+        self._extra_recorders = recorders
 
     def _submit(
         self,
@@ -108,15 +161,14 @@ class BatchedLaunches:
             host_in = self._host_in[slot]
             assert host_in is not None
             host_in[:k] = items
-        allocs = self._allocs[slot]
-        if allocs is None:
+        if not self._set[slot]:
             event = launch(queue, kernel, (k,), None, dev_in, *self._extra, dev_out)
-            self._allocs[slot] = [
-                a.allocation for a in (dev_in, *self._extra, dev_out) if isinstance(a, SVMArray)
-            ]
+            self._set[slot] = True
         else:
             event = calls.enqueue_kernel_as_set(queue, kernel, (k,), None, None)
-            record_events(allocs, event, queue)
+            record_events(self._allocs[slot], event, queue)
+            for record in self._extra_recorders:
+                record(event)
         if self.copies:
             nbytes = k * host_out.itemsize
             target = host_out[:k] if dest is None else dest
@@ -139,7 +191,8 @@ class BatchedLaunches:
         ``out_dtype``, each batch's results are copied from the device straight into it
         (else through a host buffer per slot).  An exception (Ctrl-C) waits for the
         batches in flight before it propagates, so no copy lands in memory the caller
-        reuses."""
+        reuses.  ``extra`` is checked first (see the class)."""
+        self._check_extra()
         src = np.ascontiguousarray(items, dtype=self.in_dtype)
         n, b = len(src), self.batch
         nb = (n + b - 1) // b
@@ -183,6 +236,9 @@ class BatchedLaunches:
                 retire()
         except BaseException:
             while inflight:  # (the batches' copies still write into `out`)
-                calls.wait(inflight.popleft()[3], "a batch")
+                try:
+                    calls.wait(inflight.popleft()[3], "a batch")
+                except Exception:  # (a failed batch: the others are still waited for)
+                    log.debug("a batch in flight failed as an error propagated", exc_info=True)
             raise
         return time.perf_counter() - start, lat
