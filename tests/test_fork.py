@@ -10,6 +10,7 @@ parent's pending releases, and must be able to create and use a context of its o
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue as queue_mod
 import sys
 from collections.abc import Callable
@@ -57,25 +58,32 @@ def _outcome(fn: Callable[[], Any]) -> tuple[str, str]:
         return type(exc).__name__, str(exc)
 
 
+def _pocl_cpu(device: cl.Device) -> bool:
+    return "Portable Computing Language" in device.platform.name and bool(
+        device.type & cl.device_type.CPU
+    )
+
+
 def _survives_fork(ctx: cl.Context) -> bool:
     """Whether the suite's driver can start again in a forked child (CUDA-based NVIDIA
     OpenCL cannot, nor PoCL's CPU devices, whose worker threads stay in the parent: the
-    child gets UnsupportedError instead of a context)."""
+    child gets UnsupportedError instead of a context, or, PYOPENCL_CTX unset, another
+    device)."""
     device = ctx.devices[0]
-    pocl_cpu = "Portable Computing Language" in device.platform.name and bool(
-        device.type & cl.device_type.CPU
-    )
-    return "NVIDIA" not in device.platform.name and not pocl_cpu
+    return "NVIDIA" not in device.platform.name and not _pocl_cpu(device)
 
 
 def _check_own_context(out: dict[str, Any], ctx: cl.Context) -> bool:
-    """On a driver that cannot start again after fork: the child's create_context raised
-    the clear error (returns False, nothing more to check); else True."""
-    if _survives_fork(ctx):
-        assert "own_context" not in out, out.get("own_context")
+    """The child's create_context: on a driver that cannot start again after fork, the
+    clear error (returns False, nothing more to check); after the parent used PoCL's CPU
+    device, that error or a context on another device; else a context (True)."""
+    if "own_context" not in out:
+        assert _survives_fork(ctx) or _pocl_cpu(ctx.devices[0]), "NVIDIA started in a child"
+        assert not (_pocl_cpu(ctx.devices[0]) and out["own_pocl_cpu"])  # passed over
         return True
     kind, message = out["own_context"]
     assert kind == "UnsupportedError" and "forked" in message and "spawn" in message, message
+    assert not _survives_fork(ctx)
     return False
 
 
@@ -86,6 +94,7 @@ def _own_context_works(results: Any) -> None:
     except sk.UnsupportedError as exc:  # a driver that cannot start again after fork()
         results.put(("own_context", ("UnsupportedError", str(exc))))
         return
+    results.put(("own_pocl_cpu", _pocl_cpu(ctx.devices[0])))
     q = cl.CommandQueue(ctx)
     knl = sk.build_program(ctx, DOUBLE).twice
     src = sk.asarray(ctx, np.arange(256, dtype=np.float32))
@@ -197,6 +206,7 @@ def test_fork_child_counts_every_context_used_before_the_fork(ctx: cl.Context) -
         except sk.UnsupportedError as exc:  # a driver that cannot start again after fork()
             results.put(("own_context", ("UnsupportedError", str(exc))))
             return
+        results.put(("own_pocl_cpu", _pocl_cpu(own.devices[0])))
         results.put(("own ctx", own in _fork.parent_contexts))
         with sk.empty(own, 4, np.float32) as a:
             a.set(np.arange(4, dtype=np.float32))
@@ -286,17 +296,56 @@ def test_pocl_cpu_used_by_the_parent_is_refused_in_a_child(
     made: list[Any] = [pocl]
     monkeypatch.setattr(capabilities_module, "_create_context", lambda _t: made[0])
     monkeypatch.setattr(fork_module, "forked", True)
-    monkeypatch.setattr(fork_module, "parent_contexts", [pocl])
+    monkeypatch.setattr(fork_module, "parent_used_pocl_cpu", True)
     with pytest.raises(sk.UnsupportedError, match="forked after its parent used PoCL") as info:
         sk.create_context()
     assert "spawn" in str(info.value)
     made[0] = intel  # another driver in the child: fine
     assert sk.create_context() is intel
-    monkeypatch.setattr(fork_module, "parent_contexts", [intel])
+    monkeypatch.setattr(fork_module, "parent_used_pocl_cpu", False)
     made[0] = pocl  # PoCL first used in the child: fine
     assert sk.create_context() is pocl
     gpu = fake("Portable Computing Language", "cuda-H200", cl.device_type.GPU)
-    monkeypatch.setattr(fork_module, "parent_contexts", [gpu])
+    monkeypatch.setattr(fork_module, "parent_used_pocl_cpu", True)
     made[0] = gpu  # a PoCL GPU device: not a CPU driver's worker threads
     assert sk.create_context() is gpu
     monkeypatch.setattr(fork_module, "forked", False)
+
+
+def test_a_child_passes_over_the_pocl_cpu_device_its_parent_used() -> None:
+    """After the parent used PoCL's CPU device (noted before the fork, so the child asks the
+    parent's contexts nothing), a child's create_context takes another device, or says
+    why none is left; a PYOPENCL_CTX that selects PoCL's CPU device is refused."""
+    from svmkit.capabilities import compiler_failure
+
+    found = [
+        (index, device)
+        for index, platform in enumerate(cl.get_platforms())
+        for device in platform.get_devices()
+        if _pocl_cpu(device)
+    ]
+    usable = [(i, d) for i, d in found if compiler_failure(d) is None]
+    if not usable:
+        pytest.skip("no PoCL CPU device whose compiler works on this machine")
+    index, device = usable[0]
+    parent = cl.Context([device])
+    with sk.zeros(parent, 4, np.float32) as a:  # svmkit used it here
+        assert a.get().tolist() == [0, 0, 0, 0]
+
+        def child(results: Any) -> None:
+            from svmkit.driver import fork as _fork
+
+            results.put(("noted", _fork.parent_used_pocl_cpu))
+            os.environ.pop("PYOPENCL_CTX", None)
+            results.put(("auto", _outcome(lambda: _pocl_cpu(sk.create_context().devices[0]))))
+            os.environ["PYOPENCL_CTX"] = str(index)
+            results.put(("selected", _outcome(sk.create_context)))
+
+        out = _in_child("fork", child)
+    assert out["noted"] is True
+    kind, value = out["auto"]
+    assert (kind, value) == ("ok", "False") or (
+        kind == "UnsupportedError" and "stayed in the parent" in value
+    ), out["auto"]
+    kind, message = out["selected"]
+    assert kind == "UnsupportedError" and "forked after its parent used PoCL" in message

@@ -342,23 +342,12 @@ def create_context(*, device_type: Any = None) -> cl.Context:
     return context
 
 
-def _is_pocl_cpu(device: cl.Device) -> bool:
-    """A CPU device of PoCL (its ``pthread`` driver in PoCL 3, ``cpu`` in PoCL 5), whose
-    worker threads live in the process that first used it."""
-    return "Portable Computing Language" in device.platform.name and bool(
-        device.type & cl.device_type.CPU
-    )
-
-
 def _refuse_a_driver_left_in_the_parent(context: cl.Context) -> None:
     """In a forked child: a context on a driver whose state stayed in the parent is an
-    ``UnsupportedError``.  PoCL's CPU drivers start their worker threads once per process;
-    a child forked after the parent used one gets a context and memory, but no command
-    ever completes there (seen with PoCL 3.0's pthread and PoCL 5.0's cpu device: the
-    first wait hangs)."""
-    if not any(_is_pocl_cpu(d) for d in context.devices):
-        return
-    if any(_is_pocl_cpu(d) for parent in fork.parent_contexts for d in parent.devices):
+    ``UnsupportedError`` (:func:`svmkit.driver.fork.keeps_threads_in_first_process`)."""
+    if fork.parent_used_pocl_cpu and any(
+        fork.keeps_threads_in_first_process(d) for d in context.devices
+    ):
         raise UnsupportedError(
             "this process was forked after its parent used PoCL's CPU device, whose worker "
             "threads stay in the parent (a command here would never complete): start "
@@ -430,6 +419,14 @@ def _create_context(device_type: Any) -> cl.Context:
         listing = "; ".join(found) or "no OpenCL platforms"
         raise UnsupportedError(f"no OpenCL device with SVM support was found ({listing})")
     for device in devices:
+        if fork.parent_used_pocl_cpu and fork.keeps_threads_in_first_process(device):
+            log.warning(
+                "passing over %s: this process was forked after its parent used it, and its "
+                "worker threads stayed in the parent",
+                device_label(device),
+            )
+            found.append(f"{device_label(device)}: its worker threads stayed in the parent")
+            continue
         failure = compiler_failure(device)
         if failure is None:
             ctx = calls.new_context([device])

@@ -22,6 +22,7 @@ interpreter and need none of this.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -33,7 +34,17 @@ import pyopencl as cl
 
 from svmkit.errors import InvalidContextError
 
-__all__ = ["check_owned", "forked", "in_child", "keep", "parent_contexts"]
+log = logging.getLogger("svmkit")
+
+__all__ = [
+    "check_owned",
+    "forked",
+    "in_child",
+    "keep",
+    "keeps_threads_in_first_process",
+    "parent_contexts",
+    "parent_used_pocl_cpu",
+]
 
 forked = False
 """True in a process forked from one that used svmkit (hot paths test this first)."""
@@ -41,6 +52,11 @@ forked = False
 parent_contexts: set[cl.Context] = set()
 """Contexts used before a fork.  Held for good: releasing one in the child is a driver
 call on the parent's state."""
+
+parent_used_pocl_cpu = False
+"""True in a child forked after its parent (or an ancestor) used a PoCL CPU device through
+svmkit (see :func:`keeps_threads_in_first_process`); noted in the parent before the fork,
+so the child asks its parent's contexts nothing."""
 
 _kept: list[Any] = []
 """The parent's objects svmkit dropped from its own state, kept so they are never
@@ -60,6 +76,16 @@ def check_owned(context: cl.Context, what: str) -> None:
             "used its OpenCL context, and OpenCL objects do not survive fork(); create a new "
             "context here (sk.create_context()) or start processes with the 'spawn' method"
         )
+
+
+def keeps_threads_in_first_process(device: cl.Device) -> bool:
+    """A CPU device of PoCL (its ``pthread`` driver in PoCL 3, ``cpu`` in PoCL 5), whose
+    worker threads live in the process that first used it: a child forked after that gets
+    a context and memory, but no command ever completes there (seen with PoCL 3.0's
+    pthread and PoCL 5.0's cpu device: the first wait hangs)."""
+    return "Portable Computing Language" in device.platform.name and bool(
+        device.type & cl.device_type.CPU
+    )
 
 
 def _svmkit_modules() -> list[Any]:
@@ -102,6 +128,29 @@ def keep(obj: Any) -> None:
     _kept.append(obj)
 
 
+def _before_fork() -> None:
+    """Run in the parent as ``fork()`` begins: note whether a context of svmkit's uses a
+    PoCL CPU device (driver queries here, in the parent, whose driver is alive; the child
+    inherits the flag)."""
+    global parent_used_pocl_cpu
+    if parent_used_pocl_cpu:
+        return
+    try:
+        contexts = [
+            ctx
+            for module in _svmkit_modules()
+            for value in list(vars(module).values())
+            for ctx in _contexts_in(value)
+        ]
+        used = any(
+            keeps_threads_in_first_process(device) for ctx in contexts for device in ctx.devices
+        )
+    except Exception:  # (a fork must go on: the child then knows less)
+        log.debug("noting svmkit's contexts before fork() failed", exc_info=True)
+        return
+    parent_used_pocl_cpu = used
+
+
 def _after_in_child() -> None:
     """Run in the child right after ``fork()`` (``os.register_at_fork``)."""
     global forked
@@ -114,4 +163,4 @@ def _after_in_child() -> None:
         hook()
 
 
-os.register_at_fork(after_in_child=_after_in_child)
+os.register_at_fork(before=_before_fork, after_in_child=_after_in_child)
