@@ -342,6 +342,9 @@ def test_a_child_passes_over_the_pocl_cpu_device_its_parent_used() -> None:
             results.put(("selected", _outcome(sk.create_context)))
 
         out = _in_child("fork", child)
+    from svmkit.driver import fork as fork_module
+
+    assert fork_module.parent_used_pocl_cpu is False  # the parent itself keeps its device
     assert out["noted"] is True
     kind, value = out["auto"]
     assert (kind, value) == ("ok", "False") or (

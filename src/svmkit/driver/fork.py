@@ -58,6 +58,10 @@ parent_used_pocl_cpu = False
 svmkit (see :func:`keeps_threads_in_first_process`); noted in the parent before the fork,
 so the child asks its parent's contexts nothing."""
 
+_noted_pocl_cpu = False
+"""What the parent noted as its last fork began (read only in the child: the parent's own
+create_context must not pass over the device)."""
+
 _kept: list[Any] = []
 """The parent's objects svmkit dropped from its own state, kept so they are never
 released in the child."""
@@ -132,9 +136,7 @@ def _before_fork() -> None:
     """Run in the parent as ``fork()`` begins: note whether a context of svmkit's uses a
     PoCL CPU device (driver queries here, in the parent, whose driver is alive; the child
     inherits the flag)."""
-    global parent_used_pocl_cpu
-    if parent_used_pocl_cpu:
-        return
+    global _noted_pocl_cpu
     try:
         contexts = [
             ctx
@@ -148,12 +150,13 @@ def _before_fork() -> None:
     except Exception:  # (a fork must go on: the child then knows less)
         log.debug("noting svmkit's contexts before fork() failed", exc_info=True)
         return
-    parent_used_pocl_cpu = used
+    _noted_pocl_cpu = used
 
 
 def _after_in_child() -> None:
     """Run in the child right after ``fork()`` (``os.register_at_fork``)."""
-    global forked
+    global forked, parent_used_pocl_cpu
+    parent_used_pocl_cpu = parent_used_pocl_cpu or _noted_pocl_cpu
     for module in _svmkit_modules():
         for value in list(vars(module).values()):
             _reinit_lock(value)
