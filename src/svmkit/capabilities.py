@@ -344,10 +344,8 @@ def create_context(*, device_type: Any = None) -> cl.Context:
 
 def _refuse_a_driver_left_in_the_parent(context: cl.Context) -> None:
     """In a forked child: a context on a driver whose state stayed in the parent is an
-    ``UnsupportedError`` (:func:`svmkit.driver.fork.keeps_threads_in_first_process`)."""
-    if fork.parent_used_pocl_cpu and any(
-        fork.keeps_threads_in_first_process(d) for d in context.devices
-    ):
+    ``UnsupportedError`` (:func:`svmkit.driver.fork.left_in_parent`)."""
+    if any(fork.left_in_parent(d) for d in context.devices):
         raise UnsupportedError(
             "this process was forked after its parent used PoCL's CPU device, whose worker "
             "threads stay in the parent (a command here would never complete): start "
@@ -419,7 +417,7 @@ def _create_context(device_type: Any) -> cl.Context:
         listing = "; ".join(found) or "no OpenCL platforms"
         raise UnsupportedError(f"no OpenCL device with SVM support was found ({listing})")
     for device in devices:
-        if fork.parent_used_pocl_cpu and fork.keeps_threads_in_first_process(device):
+        if fork.left_in_parent(device):
             log.warning(
                 "passing over %s: this process was forked after its parent used it, and its "
                 "worker threads stayed in the parent",

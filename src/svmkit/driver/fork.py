@@ -42,6 +42,7 @@ __all__ = [
     "in_child",
     "keep",
     "keeps_threads_in_first_process",
+    "left_in_parent",
     "parent_contexts",
     "parent_used_pocl_cpu",
 ]
@@ -92,8 +93,19 @@ def keeps_threads_in_first_process(device: cl.Device) -> bool:
     )
 
 
+def left_in_parent(device: cl.Device) -> bool:
+    """Whether ``device`` is one a forked child cannot use: a PoCL CPU device
+    (:func:`keeps_threads_in_first_process`) after the parent used one."""
+    return parent_used_pocl_cpu and keeps_threads_in_first_process(device)
+
+
 def _svmkit_modules() -> list[Any]:
     return [m for name, m in list(sys.modules.items()) if name.split(".")[0] == "svmkit"]
+
+
+def _svmkit_state() -> list[Any]:
+    """Every module-level value of svmkit's modules (its caches and locks)."""
+    return [value for module in _svmkit_modules() for value in list(vars(module).values())]
 
 
 def _contexts_in(value: Any) -> list[cl.Context]:
@@ -138,12 +150,7 @@ def _before_fork() -> None:
     inherits the flag)."""
     global _noted_pocl_cpu
     try:
-        contexts = [
-            ctx
-            for module in _svmkit_modules()
-            for value in list(vars(module).values())
-            for ctx in _contexts_in(value)
-        ]
+        contexts = [ctx for value in _svmkit_state() for ctx in _contexts_in(value)]
         used = any(
             keeps_threads_in_first_process(device) for ctx in contexts for device in ctx.devices
         )
@@ -157,10 +164,9 @@ def _after_in_child() -> None:
     """Run in the child right after ``fork()`` (``os.register_at_fork``)."""
     global forked, parent_used_pocl_cpu
     parent_used_pocl_cpu = parent_used_pocl_cpu or _noted_pocl_cpu
-    for module in _svmkit_modules():
-        for value in list(vars(module).values()):
-            _reinit_lock(value)
-            parent_contexts.update(_contexts_in(value))
+    for value in _svmkit_state():
+        _reinit_lock(value)
+        parent_contexts.update(_contexts_in(value))
     forked = bool(parent_contexts)
     for hook in _child_hooks:
         hook()
