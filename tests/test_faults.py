@@ -22,7 +22,7 @@ import pytest
 import svmkit as sk
 from svmkit import events
 from svmkit.resources.base import Allocation
-from svmkit.workqueue import queue as queue_module
+from svmkit.workqueue import waiting
 
 
 class FailingUpstream(sk.MemoryResource):
@@ -176,7 +176,7 @@ def interrupt(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[int], None]
     Deterministic where a timer is not: the signal is raised from inside the wait itself
     (the queue's backoff), with Python's default handler installed for the test.
     """
-    real_backoff = queue_module._backoff
+    real_backoff = waiting.backoff
     waits = {"count": 0, "at": 0}
 
     def backoff(ring: Any, for_pop: bool, round_: int, *args: Any, **kwargs: Any) -> None:
@@ -188,7 +188,7 @@ def interrupt(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[int], None]
     def arm(rounds: int) -> None:
         waits.update(count=0, at=rounds)
 
-    monkeypatch.setattr(queue_module, "_backoff", backoff)
+    monkeypatch.setattr(waiting, "backoff", backoff)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield arm

@@ -1118,7 +1118,7 @@ def test_a_wait_starts_afresh_after_progress(
     other side drains before the wait would sleep never reaches the sleeping rounds.  The
     other side here is the wait itself, which pops a few items on its last spinning round
     (deterministic: no second thread, no timing)."""
-    from svmkit.workqueue import queue as queue_module
+    from svmkit.workqueue import waiting
 
     wq = sk.WorkQueue(ctx, 16, backend=backend)
     rounds: list[int] = []
@@ -1127,17 +1127,17 @@ def test_a_wait_starts_afresh_after_progress(
     def draining(ring_: Any, for_pop: bool, round_: int, *args: Any, **kwargs: Any) -> None:
         rounds.append(round_)
         assert not for_pop
-        if round_ >= queue_module._IDLE_ROUNDS - 1:  # the other side moves just in time
+        if round_ >= waiting.IDLE_ROUNDS - 1:  # the other side moves just in time
             popped.extend(int(v) for v in wq.pop_many(5, timeout=1.0))
 
-    monkeypatch.setattr(queue_module, "_backoff", draining)
+    monkeypatch.setattr(waiting, "backoff", draining)
     items = np.arange(200, dtype=np.int64)
     wq.push_many(items)
     popped.extend(int(v) for v in wq.pop_many(len(items) - len(popped), timeout=1.0))
     assert sorted(popped) == items.tolist()  # every item once, in order per pop
     assert popped == items.tolist()
-    assert len(rounds) > 20 and max(rounds) == queue_module._IDLE_ROUNDS - 1  # never slept
-    assert rounds.count(0) == len(rounds) // queue_module._IDLE_ROUNDS  # a reset each time
+    assert len(rounds) > 20 and max(rounds) == waiting.IDLE_ROUNDS - 1  # never slept
+    assert rounds.count(0) == len(rounds) // waiting.IDLE_ROUNDS  # a reset each time
 
 
 @pytest.mark.stress
@@ -1151,17 +1151,17 @@ def test_producer_never_sleeps_while_the_device_drains(
     sleeping backoff; the items all arrive.  (Retried, and two sleeps allowed: another
     process may take the kernel's core long enough to count as idle.)  The C ring's wait:
     the pure-Python ring polls holding the GIL, with time.sleep(0) between looks."""
-    from svmkit.workqueue import queue as queue_module
+    from svmkit.workqueue import waiting
 
     sleeps: list[int] = []
     waits: list[int] = []
-    real = queue_module._backoff
+    real = waiting.backoff
 
     def counting(ring_: Any, for_pop: bool, round_: int, *args: Any, **kwargs: Any) -> None:
-        (sleeps if round_ >= queue_module._IDLE_ROUNDS else waits).append(round_)
+        (sleeps if round_ >= waiting.IDLE_ROUNDS else waits).append(round_)
         real(ring_, for_pop, round_, *args, **kwargs)
 
-    monkeypatch.setattr(queue_module, "_backoff", counting)
+    monkeypatch.setattr(waiting, "backoff", counting)
     prg = sk.build_program(ctx, DRAIN_KERNEL)
     queue = cl.CommandQueue(ctx)
     items = np.arange(12_800, dtype=np.int64)
@@ -1183,13 +1183,74 @@ def test_producer_never_sleeps_while_the_device_drains(
         if len(waits) >= 50 and len(sleeps) <= len(waits) // 5:
             break
     # The device is the slower side: the producer waits about 200 times a run for the next
-    # claim to free slots.  A producer that sleeps once a short spin found nothing (3 µs)
-    # sleeps on a third of its waits; this one sleeps only when the kernel did not move for
-    # 50 µs (another process had its core): a few per cent of them on a busy machine (a
-    # fifth allowed).
+    # claim to free slots (about 8 µs each on Intel's CPU runtime, 550 µs on PoCL 3.0's
+    # pthread device).  A producer that sleeps once a short spin found nothing (3 µs), or
+    # once the kernel did not move for a fixed 50 µs (PoCL: 300-680 sleeps a run), sleeps
+    # on a third of its waits or more; this one learns the kernel's pace and sleeps only
+    # until it did (a few waits a run, a fifth allowed: another process may take the
+    # kernel's core).
     assert any(w >= 50 and s <= w // 5 for s, w in outcomes), (
         f"(sleeps, spinning waits) per run: {outcomes}"
     )
+
+
+def test_the_pace_follows_a_slow_other_side_and_resets_once_it_stopped() -> None:
+    """A gap the spin missed (the call slept) under MAX_IDLE_NS makes later waits spin for
+    twice that gap; caught gaps let it decay towards twice theirs, never below the base; a
+    gap of MAX_IDLE_NS or more (the other side stopped) starts over."""
+    from svmkit.workqueue import waiting
+
+    pace = waiting.Pace(shares_cores=True)
+    assert pace.idle_ns == pace.base_ns == waiting.IDLE_NS_SHARED
+    assert waiting.Pace(shares_cores=False).idle_ns == waiting.IDLE_NS
+    pace.moved(30_000, 1)  # caught by the first spin: nothing to learn
+    assert pace.idle_ns == waiting.IDLE_NS_SHARED
+    pace.moved(550_000, waiting.IDLE_ROUNDS + 3)  # slept through a 550 µs claim
+    assert pace.idle_ns == 1_100_000
+    pace.moved(500_000, 1)  # caught: decays by an eighth, not below twice the gap
+    assert pace.idle_ns == 1_000_000
+    pace.moved(10_000, 1)
+    assert pace.idle_ns == 1_000_000 - 1_000_000 // 8
+    pace.moved(1_900_000, waiting.IDLE_ROUNDS)  # capped at MAX_IDLE_NS
+    assert pace.idle_ns == waiting.MAX_IDLE_NS
+    pace.moved(waiting.MAX_IDLE_NS, waiting.IDLE_ROUNDS + 9)  # it had stopped
+    assert pace.idle_ns == waiting.IDLE_NS_SHARED
+    for _ in range(100):  # decay stops at the base
+        pace.moved(waiting.MAX_IDLE_NS // 2, waiting.IDLE_ROUNDS)
+        pace.moved(1_000, 1)
+    assert waiting.IDLE_NS_SHARED <= pace.idle_ns <= waiting.MAX_IDLE_NS
+
+
+@pytest.mark.needs("fine", "atomics")
+def test_a_blocked_push_waits_at_the_pace_its_call_learned(
+    ctx: cl.Context, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consumers' pace a push learned is what its next waits spin for (the pops' pace is
+    the producers', apart); a pop that slept through a slow producer teaches the pops."""
+    from svmkit.workqueue import waiting
+
+    wq = sk.WorkQueue(ctx, 4, backend=backend)
+    seen: list[tuple[bool, int, int | None]] = []
+    real = waiting.backoff
+
+    def slow_consumer(ring_: Any, for_pop: bool, round_: int, *args: Any) -> None:
+        seen.append((for_pop, round_, args[2]))
+        real(ring_, for_pop, round_, *args)
+        if not for_pop and round_ == waiting.IDLE_ROUNDS + 1:  # after two spins, a sleep
+            time.sleep(0.0003)
+            wq.pop_many(4)
+
+    monkeypatch.setattr(waiting, "backoff", slow_consumer)
+    wq.push_many(np.arange(8, dtype=np.int64))  # full after 4: the pop frees it late
+    base = waiting.IDLE_NS_SHARED if wq._shares_cores else waiting.IDLE_NS
+    assert [s[2] for s in seen] == [base] * len(seen)
+    learned = wq._consumers_pace.idle_ns
+    assert 2 * 300_000 <= learned <= waiting.MAX_IDLE_NS
+    assert wq._producers_pace.idle_ns == base
+    del seen[:]
+    wq.push_many(np.arange(8, dtype=np.int64))
+    assert seen[0] == (False, 0, learned)
+    assert sorted(wq.pop_many(4, timeout=1.0)) == [4, 5, 6, 7]
 
 
 def test_blocked_call_on_an_idle_queue_sleeps(ctx: cl.Context, backend: str) -> None:

@@ -24,6 +24,10 @@ Host atomics and orders: see :mod:`svmkit.workqueue.ring` (a C helper when it wa
 else ctypes compare-exchanges plus NumPy loads and stores that are acquire/release on
 x86-64's total store order, and libatomic acquire/release calls on other hosts).
 
+Blocking host calls (a push on a full ring, a pop on an empty one): see
+:mod:`svmkit.workqueue.waiting` (spin while the other side moves, at its pace; sleep once it
+stopped).
+
 Forward progress: a blocking device call (``wq_pop``, ``wq_push``) spins, and OpenCL gives
 work-items of one work-group no independent forward progress, so launch consumers with
 :func:`persistent_grid`: one work-item per work-group and no more work-groups than run at
@@ -50,6 +54,7 @@ from svmkit.errors import InvalidValueError, QueueClosed, WorkQueueTimeout
 from svmkit.events import at_shutdown
 from svmkit.policy import Granularity, Policy
 from svmkit.workqueue import ring as host_ring
+from svmkit.workqueue import waiting
 from svmkit.workqueue.items import check_dtype, is_record, opencl_type, source_for
 from svmkit.workqueue.layout import (
     HEADER_BYTES,
@@ -65,33 +70,6 @@ from svmkit.workqueue.layout import (
 __all__ = ["WorkQueue", "WorkQueueTimeout", "close_all", "opencl_type", "persistent_grid"]
 
 log = logging.getLogger(__name__)
-
-# Blocking waits (push/pop on a full/empty ring).  A wait spins without the GIL (C ring)
-# for as long as the other side moves: a ring that a kernel is draining (or filling) is
-# waited for by spinning, never by sleeping, and every call that makes progress starts
-# afresh.  Only once the other side did not move for _IDLE_NS (_IDLE_NS_SHARED where a
-# kernel runs on the host's cores, a CPU device: a work-item may need this core) does the
-# wait back off: _IDLE_ROUNDS such spins, then sleeps from _FIRST_SLEEP doubling up to
-# _MAX_SLEEP, each followed by one look at the ring.  So a host call blocked on an idle
-# queue costs one look per millisecond (about 3 % of a core, measured with Intel's CPU
-# runtime on a 2-core host) and notices the other side within about a millisecond once it
-# resumes.  (A persistent kernel blocked in wq_pop spins on the device: on a CPU device that
-# is a core at 100 % until the queue is closed.)  On a CPU device a single-item wait
-# (push, pop: latency) also yields the core (sched_yield) once nothing moved for 5 µs, so a
-# work-item that shares this thread's core can answer at once (p50 1.2 µs against 189 µs
-# without); batch waits do not yield (throughput: a yield on a busy host can lose the core
-# for a whole time slice, and yielding on every look made a drained producer several times
-# slower).  And there only one host thread spins at a time: others back off to sleeping at
-# once (three host threads spinning on a 2-core host starved the kernel they waited for).
-_IDLE_NS = 200_000
-_ONE_SPINNER, _YIELD = 1, 2  # ring.wait flags (see the C ring's wait)
-_IDLE_NS_SHARED = 50_000
-_IDLE_ROUNDS = 2
-_FIRST_SLEEP = 2e-5
-_MAX_SLEEP = 1e-3
-# A batch call that finds the ring not ready waits for a run of this many slots (for at most
-# a few µs once the first is ready) instead of trailing the other side slot by slot.
-_GATHER = 64
 
 
 def _check_capacity(capacity: Any) -> int:
@@ -189,29 +167,6 @@ def _forget_parent_queues() -> None:
 fork.in_child(_forget_parent_queues)
 
 
-def _backoff(
-    ring: host_ring.RingOps,
-    for_pop: bool,
-    round_: int,
-    want: int = 1,
-    shares_cores: bool = False,
-) -> None:
-    """Wait once for the ring.  ``round_`` counts the waits since this call last made
-    progress (callers reset it to 0 when an item went through): the first ``_IDLE_ROUNDS``
-    spin while the other side moves (see ``_IDLE_NS``), later ones sleep, doubling from
-    ``_FIRST_SLEEP`` to ``_MAX_SLEEP``; ``shares_cores``: the kernel runs on the host's
-    cores (shorter idle spin, one spinning thread at a time; a single-item wait, ``want ==
-    1``, yields the core once nothing moved for 5 µs)."""
-    if round_ < _IDLE_ROUNDS:
-        if shares_cores:
-            flags = _ONE_SPINNER | (_YIELD if want == 1 else 0)
-            ring.wait(for_pop, _IDLE_NS_SHARED, want, flags)
-        else:
-            ring.wait(for_pop, _IDLE_NS, want)
-    else:
-        time.sleep(min(_MAX_SLEEP, _FIRST_SLEEP * (1 << min(round_ - _IDLE_ROUNDS, 16))))
-
-
 def _expired(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() >= deadline
 
@@ -288,6 +243,9 @@ class WorkQueue:
         self._ring: host_ring.RingOps = ring_type(self._array.ptr, cap, dt.itemsize, kind)
         self.backend = "python" if ring_type is host_ring.PyRing else "native"
         self._shares_cores = any(d.type & cl.device_type.CPU for d in ctx.devices)
+        # How long the other side may sit still before a blocked call deems it idle.
+        self._consumers_pace = waiting.Pace(self._shares_cores)
+        self._producers_pace = waiting.Pace(self._shares_cores)
         self._reopen_lock = threading.Lock()
         with _live_lock:
             _live.add(self)
@@ -391,6 +349,8 @@ class WorkQueue:
     def _push_slow(self, item: Any, status: int, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         ring = self._ring
+        pace = self._consumers_pace
+        started = time.monotonic_ns()
         round_ = 0
         while status != 1:
             if status < 0:
@@ -399,9 +359,10 @@ class WorkQueue:
                 raise WorkQueueTimeout(
                     f"push timed out after {timeout} s: the queue stayed full", pushed=0
                 )
-            _backoff(ring, False, round_, shares_cores=self._shares_cores)
+            waiting.backoff(ring, False, round_, 1, self._shares_cores, pace.idle_ns)
             round_ += 1
             status = ring.try_push(item)
+        pace.moved(time.monotonic_ns() - started, round_)
 
     def push_many(self, array: Any, timeout: float | None = None) -> None:
         """Push every item of ``array`` (flattened) in order, blocking while full.
@@ -419,13 +380,16 @@ class WorkQueue:
         ring = self._ring
         done = 0
         deadline: float | None = None
-        round_ = 0
+        pace = self._consumers_pace
+        started = round_ = 0
         try:
             while done < n:
                 k = ring.try_push_many(src, done)
                 if k > 0:
                     done += k
-                    round_ = 0  # progress: the next wait spins afresh
+                    if round_:  # progress: the next wait spins afresh
+                        pace.moved(time.monotonic_ns() - started, round_)
+                        round_ = 0
                     continue
                 if k < 0:
                     err = QueueClosed(
@@ -442,7 +406,10 @@ class WorkQueue:
                             "items pushed",
                             pushed=done,
                         )
-                _backoff(ring, False, round_, min(n - done, _GATHER), self._shares_cores)
+                if not round_:
+                    started = time.monotonic_ns()
+                want = min(n - done, waiting.GATHER)
+                waiting.backoff(ring, False, round_, want, self._shares_cores, pace.idle_ns)
                 round_ += 1
         except BaseException as exc:  # an interrupt too: say how many items went in
             if not hasattr(exc, "pushed"):
@@ -464,16 +431,19 @@ class WorkQueue:
     def _pop_slow(self, timeout: float | None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
         ring = self._ring
+        pace = self._producers_pace
+        started = time.monotonic_ns()
         round_ = 0
         while True:
             if ring.drained():
                 raise QueueClosed("pop on a closed and drained work queue")
             if _expired(deadline):
                 raise WorkQueueTimeout(f"pop timed out after {timeout} s: the queue stayed empty")
-            _backoff(ring, True, round_, shares_cores=self._shares_cores)
+            waiting.backoff(ring, True, round_, 1, self._shares_cores, pace.idle_ns)
             round_ += 1
             value = ring.try_pop()
             if value is not None:
+                pace.moved(time.monotonic_ns() - started, round_)
                 return value
 
     def pop_many(self, n: int, timeout: float | None = None) -> np.ndarray[Any, Any]:
@@ -492,13 +462,16 @@ class WorkQueue:
         ring = self._ring
         deadline = None if timeout is None else time.monotonic() + timeout
         got = 0
-        round_ = 0
+        pace = self._producers_pace
+        started = round_ = 0
         try:
             while got < n:
                 k = ring.try_pop_many(view, got)
                 if k > 0:
                     got += k
-                    round_ = 0
+                    if round_:  # progress: the next wait spins afresh
+                        pace.moved(time.monotonic_ns() - started, round_)
+                        round_ = 0
                     continue
                 if ring.drained():
                     break
@@ -508,7 +481,10 @@ class WorkQueue:
                             f"pop_many timed out after {timeout} s: the queue stayed empty"
                         )
                     break
-                _backoff(ring, True, round_, min(n - got, _GATHER), self._shares_cores)
+                if not round_:
+                    started = time.monotonic_ns()
+                want = min(n - got, waiting.GATHER)
+                waiting.backoff(ring, True, round_, want, self._shares_cores, pace.idle_ns)
                 round_ += 1
         except BaseException as exc:  # an interrupt too: the items taken go with it
             exc.popped = out[:got]  # type: ignore[attr-defined]
