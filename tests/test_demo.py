@@ -4,8 +4,10 @@ a mismatch, and turns bad options and interrupts into one line and an exit statu
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
+import pyopencl as cl
 import pytest
 
 from svmkit.cli import demo_workqueue as demo
@@ -168,6 +170,24 @@ def test_tasks_demo_reference_and_mismatch(
     monkeypatch.setattr(demo_tasks, "reference", lambda t: real(t) + np.uint32(1))
     assert demo_tasks.main(["--counts", "320", "--rounds", "1"]) == 1
     assert "wrong elements" in capsys.readouterr().err
+
+
+def test_intels_cpu_compiler_vectorizes_the_task_kernel(caplog: pytest.LogCaptureFixture) -> None:
+    """wq_group_pop has no loop that one work-item runs alone with atomics in it, so Intel's
+    CPU compiler vectorizes the task kernel across work-items, its tasks included (with the
+    leader's claim loop it compiled run_tasks without vectorizing it: 4.0 against 1.4 ms for
+    32,000 tasks)."""
+    from svmkit.cli import demo_tasks
+    from svmkit.programs import build_program
+
+    intel = [p for p in cl.get_platforms() if p.name == "Intel(R) OpenCL"]
+    if not intel:
+        pytest.skip("Intel's CPU runtime (the [cpu] extra) is not installed")
+    intel_ctx = cl.Context(devices=intel[0].get_devices()[:1])
+    with caplog.at_level(logging.DEBUG, logger="svmkit"):
+        build_program(intel_ctx, demo_tasks.program_source(64))
+    assert 'Kernel "run_batch" was successfully vectorized' in caplog.text
+    assert 'Kernel "run_tasks" was successfully vectorized' in caplog.text
 
 
 def test_tasks_demo_bad_options(capsys: pytest.CaptureFixture[str]) -> None:

@@ -73,7 +73,8 @@ def reference(tasks: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return data.reshape(-1)
 
 
-def _source(claim: int) -> str:
+def program_source(claim: int) -> str:
+    """The task kernels' source for claims of ``claim`` tasks (the record's C prelude first)."""
     return (
         WorkQueue.source_for(TASK)
         + f"#define CLAIM {claim}\n"
@@ -97,7 +98,7 @@ class TaskBench:
         host_cores: int = 1,
     ) -> None:
         self.queue, self.batch = queue, batch
-        program = build_program(ctx, _source(claim))
+        program = build_program(ctx, program_source(claim))
         self.consumer = program.run_tasks
         self.batch_kernel = program.run_batch
         self.wq = WorkQueue(ctx, ring, TASK)
