@@ -34,11 +34,13 @@
  * Running tasks (the recommended pattern).  A task queue's consumer is a persistent kernel
  * of work-groups that each claim 16 to 64 tasks at once with wq_group_pop into __local
  * memory, then run them one after another with the whole group (or one per work-item):
- * one compare-exchange and two barriers per claim instead of per task.  A claim of one
- * task costs about as much as a light task itself (compare-exchange, acquire/release, two
- * barriers: ~130 ns on a CPU device), which is what makes a queue lose to a launch per
- * batch; 16-64 amortises it below the task's own time.  A larger claim leaves fewer tasks
- * for the other groups at the end (the last claim's tasks run on one group): 64 suits
+ * one compare-exchange and five barriers per claim instead of per task.  A claim has a
+ * cost of its own that one task cannot carry (a claim of 64 light tasks of 64 work-items:
+ * 1.2 µs on Intel's CPU runtime, more than the 64 tasks' own 0.7 µs; half of it is the
+ * slots' acquire loads and release stores, which its vectorized code makes one lane at a
+ * time), which is what makes a queue of one-task claims lose to a launch per batch; 16-64
+ * amortises it over the tasks.  A larger claim leaves fewer tasks for the other groups at
+ * the end (the last claim's tasks run on one group): 64 suits
  * tasks of up to a few µs, 16 heavier ones.  The records a task needs (an id, an opcode)
  * travel as a struct: sk.WorkQueue(ctx, capacity, dtype) with a structured dtype, and
  * sk.WorkQueue.source_for(dtype) before this header.
@@ -482,37 +484,52 @@ inline int svmkit_wq_group_broadcast(__local int *scratch, int lid, int value)
 /* Pop up to `max` items into `items` for the whole group: blocks while empty, 0 once the
  * queue is closed and drained.  Starts with a barrier, so the group may reuse `items`
  * right after the previous call's work, and ends with one, so every work-item sees every
- * item.  The claim is svmkit_wq_claim_run's, made by the group: the leader reads head
- * (broadcast in two halves: *scratch is an int), work-item i looks at position head + i
- * (and + i + size, ... for a claim larger than the group) and the first unpublished one
- * bounds the run (atomic_min on *scratch), the leader exchanges head for the run's end, and
- * each work-item copies its items out and frees their slots, as TRY_POP does. */
+ * item.  The claim is svmkit_wq_claim_run's, made by the group in five barriers: the leader
+ * reads head (into the first 8 bytes of `items`; through *scratch in two halves, four
+ * barriers more, when `items` is smaller), work-item i looks at position head + i (and
+ * + i + size, ... for a claim larger than the group) and the first unpublished one bounds
+ * the run (atomic_min on *scratch), the leader exchanges head for the run's end, and each
+ * work-item copies its items out and frees their slots, as TRY_POP does. */
 inline int wq_group_pop(__global svmkit_wq *q, __local WQ_ITEM *items, int max,
                         __local int *scratch)
 {
     const int lid = (int)svmkit_wq_local_linear_id();
     const int size = (int)(get_local_size(0) * get_local_size(1) * get_local_size(2));
+    const bool head_in_items = max >= 1 && (ulong)max * sizeof(WQ_ITEM) >= sizeof(ulong);
+    __local uchar *head_bytes = (__local uchar *)items;
     int gathered = 0; /* rounds spent waiting for a reserved run to be published */
     for (;;) {
-        ulong head = lid == 0 ? svmkit_load_relaxed(&q->head) : 0;
-        ulong pos = (ulong)(uint)svmkit_wq_group_broadcast(scratch, lid, (int)(uint)head);
-        pos |= (ulong)(uint)svmkit_wq_group_broadcast(scratch, lid, (int)(uint)(head >> 32))
-               << 32;
-        barrier(CLK_LOCAL_MEM_FENCE); /* every work-item has read *scratch */
-        if (lid == 0)
+        ulong pos = 0;
+        if (!head_in_items) {
+            ulong head = lid == 0 ? svmkit_load_relaxed(&q->head) : 0;
+            pos = (ulong)(uint)svmkit_wq_group_broadcast(scratch, lid, (int)(uint)head);
+            pos |= (ulong)(uint)svmkit_wq_group_broadcast(scratch, lid, (int)(uint)(head >> 32))
+                   << 32;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE); /* the caller's work on items, any read of *scratch */
+        if (lid == 0) {
+            if (head_in_items) {
+                ulong head = svmkit_load_relaxed(&q->head);
+                for (int b = 0; b < 8; b++)
+                    head_bytes[b] = (uchar)(head >> (8 * b));
+            }
             *scratch = max;
+        }
         barrier(CLK_LOCAL_MEM_FENCE);
+        if (head_in_items)
+            for (int b = 0; b < 8; b++)
+                pos |= (ulong)head_bytes[b] << (8 * b);
         for (int base = 0; base < max; base += size) {
             int i = base + lid;
             if (i < max && svmkit_load_acquire(svmkit_wq_seq(q, pos + i)) != pos + i + 1)
                 atomic_min(scratch, i); /* not published (yet, or any more: head moved on) */
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        int k = *scratch;
-        /* The leader's answer: k claimed, 0 closed and drained, -1 look again, -2 look again
-         * for the rest of a run producers reserved (at most SVMKIT_GROUP_GATHER_ROUNDS). */
-        int claimed = -1;
+        /* The leader's answer (no work-item reads *scratch in between): k claimed, 0 closed
+         * and drained, -1 look again, -2 look again for the rest of a run producers
+         * reserved (at most SVMKIT_GROUP_GATHER_ROUNDS times). */
         if (lid == 0) {
+            int k = *scratch, claimed = -1;
             if (k == 0) {
                 claimed = wq_drained(q) ? 0 : -1;
             } else {
@@ -525,8 +542,10 @@ inline int wq_group_pop(__global svmkit_wq *q, __local WQ_ITEM *items, int max,
                                                                  SVMKIT_SCOPE))
                     claimed = k;
             }
+            *scratch = claimed;
         }
-        k = svmkit_wq_group_broadcast(scratch, lid, claimed);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        int k = *scratch;
         if (k == 0)
             return 0;
         if (k == -2)

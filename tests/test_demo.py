@@ -185,7 +185,7 @@ def test_intels_cpu_compiler_vectorizes_the_task_kernel(caplog: pytest.LogCaptur
         pytest.skip("Intel's CPU runtime (the [cpu] extra) is not installed")
     intel_ctx = cl.Context(devices=intel[0].get_devices()[:1])
     with caplog.at_level(logging.DEBUG, logger="svmkit"):
-        build_program(intel_ctx, demo_tasks.program_source(64))
+        build_program(intel_ctx, demo_tasks.program_source(64), cache=False)
     assert 'Kernel "run_batch" was successfully vectorized' in caplog.text
     assert 'Kernel "run_tasks" was successfully vectorized' in caplog.text
 

@@ -633,6 +633,49 @@ def test_work_group_consumers_exactly_once(
     assert _group_consumers(ctx, backend, threads, per, groups) == threads * per
 
 
+SMALL_CLAIM_KERNEL = r"""
+#include "svmkit_workqueue.h"
+/* Claims of CLAIM items smaller than a position (8 bytes) in all: head reaches the group
+ * through *scratch, in two halves. */
+__kernel void take_small(__global svmkit_wq *q, __global atomic_int *seen)
+{
+    __local WQ_ITEM in[CLAIM];
+    __local int scratch;
+    int k;
+    while ((k = wq_group_pop(q, in, CLAIM, &scratch)) > 0)
+        for (int i = get_local_id(0); i < k; i += get_local_size(0))
+            atomic_fetch_add_explicit(&seen[in[i]], 1, memory_order_relaxed, SVMKIT_SCOPE);
+}
+"""
+
+
+@pytest.mark.needs("fine", "atomics")
+@pytest.mark.parametrize(
+    ("dtype", "claim"), [(np.int16, 1), (np.int16, 3), (np.int16, 4), (np.int32, 1)]
+)
+def test_group_claims_of_any_size_exactly_once(ctx: cl.Context, dtype: Any, claim: int) -> None:
+    """wq_group_pop passes head to its group through `items` when the claim holds 8 bytes
+    or more, else through `scratch` in two halves: both claim every item once, and the
+    groups leave once the queue is closed and drained."""
+    wq = sk.WorkQueue(ctx, 32, dtype)
+    total = 3000
+    seen = fine_zeros(ctx, total, np.int32)
+    prg = sk.build_program(
+        ctx, SMALL_CLAIM_KERNEL, defines={"WQ_ITEM": opencl_type(dtype), "CLAIM": claim}
+    )
+    event = sk.launch(cl.CommandQueue(ctx), prg.take_small, (12,), (4,), wq, seen)
+
+    def produce(i: int) -> None:
+        items = np.arange(i, total, 2, dtype=dtype)
+        for j in range(0, len(items), 7):
+            wq.push_many(items[j : j + 7])
+
+    run_threads(produce, 2)
+    wq.close()
+    finish([event], wq)
+    np.testing.assert_array_equal(seen.host, np.ones(total, np.int32))
+
+
 def _device_to_host(
     ctx: cl.Context, queues: list[cl.CommandQueue], backend: str, threads: int, per_item: int
 ) -> int:
