@@ -42,6 +42,18 @@ __kernel void consume(__global svmkit_wq *q, __global WQ_ITEM *out, __global ato
     }
 }
 
+/* The same with claims of up to `ahead` items per work-item (wq_pop_ahead). */
+__kernel void consume_ahead(__global svmkit_wq *q, __global WQ_ITEM *out, __global atomic_int *n,
+                            int ahead)
+{
+    svmkit_wq_cursor cursor = SVMKIT_WQ_CURSOR_INIT;
+    WQ_ITEM item;
+    while (wq_pop_ahead(q, &cursor, ahead, &item)) {
+        int i = atomic_fetch_add_explicit(n, 1, memory_order_relaxed, SVMKIT_SCOPE);
+        out[i] = item;
+    }
+}
+
 /* Work-item g pushes first + g * per_item + [0, per_item). */
 __kernel void produce(__global svmkit_wq *q, long first, int per_item,
                       __global atomic_int *refused)
@@ -520,24 +532,37 @@ def _launch_consumers(
     out: sk.SVMArray,
     count: sk.SVMArray,
     host_threads: int,
+    ahead: int = 0,
 ) -> list[cl.Event]:
+    """Persistent consumers on every queue: wq_pop, or wq_pop_ahead with claims of
+    ``ahead``."""
     events = []
     for queue in queues:
         gs, ls = sk.persistent_grid(queue, host_threads=host_threads)
-        events.append(sk.launch(queue, kernel(ctx, "consume"), gs, ls, wq, out, count))
+        if ahead:
+            knl = kernel(ctx, "consume_ahead")
+            events.append(sk.launch(queue, knl, gs, ls, wq, out, count, np.int32(ahead)))
+        else:
+            events.append(sk.launch(queue, kernel(ctx, "consume"), gs, ls, wq, out, count))
         queue.flush()
     return events
 
 
 def _host_to_device(
-    ctx: cl.Context, queues: list[cl.CommandQueue], backend: str, threads: int, per: int
+    ctx: cl.Context,
+    queues: list[cl.CommandQueue],
+    backend: str,
+    threads: int,
+    per: int,
+    ahead: int = 0,
 ) -> int:
-    """Host threads push, device consumers pop; the number of items seen exactly once."""
+    """Host threads push, device consumers pop (wq_pop, or wq_pop_ahead with claims of
+    ``ahead``); the number of items seen exactly once."""
     wq = sk.WorkQueue(ctx, 64, backend=backend)
     total = threads * per
     out = fine_zeros(ctx, total, np.int64)
     count = fine_zeros(ctx, 1, np.int32)
-    events = _launch_consumers(ctx, queues, wq, out, count, threads)
+    events = _launch_consumers(ctx, queues, wq, out, count, threads, ahead)
 
     def produce(i: int) -> None:
         items = np.arange(i * per, (i + 1) * per, dtype=np.int64)
@@ -565,10 +590,23 @@ def test_host_producers_device_consumers(ctx: cl.Context, backend: str, threads:
     assert _host_to_device(ctx, [cl.CommandQueue(ctx)], backend, threads, per) == threads * per
 
 
+@pytest.mark.parametrize(("threads", "ahead"), [(1, 1), (1, 64), (2, 7), (4, 16), (8, 64)])
+def test_claim_ahead_consumers_exactly_once(
+    ctx: cl.Context, backend: str, threads: int, ahead: int
+) -> None:
+    """wq_pop_ahead: each work-item claims runs of up to ``ahead`` published items and takes
+    them one by one; every item once, and every consumer ends once the queue is closed and
+    drained (a cursor holding items when the queue closes hands them out first)."""
+    per = 20000 // threads
+    queues = [cl.CommandQueue(ctx)]
+    assert _host_to_device(ctx, queues, backend, threads, per, ahead) == threads * per
+
+
 def test_host_producers_two_devices(two_device_ctx: cl.Context, backend: str) -> None:
     ctx = two_device_ctx
     queues = [cl.CommandQueue(ctx, d) for d in ctx.devices]
     assert _host_to_device(ctx, queues, backend, 2, 10000) == 20000
+    assert _host_to_device(ctx, queues, backend, 2, 10000, ahead=32) == 20000
 
 
 def _group_consumers(ctx: cl.Context, backend: str, threads: int, per: int, groups: int) -> int:
@@ -998,6 +1036,14 @@ __kernel void take(__global svmkit_wq *q, __global WQ_ITEM *out, __global atomic
     while (wq_pop(q, &item))
         out[atomic_fetch_add_explicit(n, 1, memory_order_relaxed, SVMKIT_SCOPE)] = item;
 }
+/* Per-item consumers claiming runs of up to 8 records (wq_pop_ahead). */
+__kernel void take_ahead(__global svmkit_wq *q, __global WQ_ITEM *out, __global atomic_int *n)
+{
+    svmkit_wq_cursor cursor = SVMKIT_WQ_CURSOR_INIT;
+    WQ_ITEM item;
+    while (wq_pop_ahead(q, &cursor, 8, &item))
+        out[atomic_fetch_add_explicit(n, 1, memory_order_relaxed, SVMKIT_SCOPE)] = item;
+}
 /* Work-group consumers: claims of up to 16 records into local memory. */
 __kernel void take_group(__global svmkit_wq *q, __global WQ_ITEM *out, __global atomic_int *n)
 {
@@ -1019,7 +1065,8 @@ def _records_exactly_once(
     ctx: cl.Context, backend: str, size: int, threads: int, groups: int, per: int
 ) -> int:
     """``threads`` host producers push records of ``size`` bytes (push and push_many),
-    ``groups`` work-groups pop them (per item, or work-group claims when groups is even);
+    ``groups`` work-groups pop them (work-group claims when groups is even, else per item:
+    wq_pop_ahead for even sizes, wq_pop for odd ones);
     the number of records that arrived exactly once, bytes intact."""
     dt = record_dtype(size)
     assert dt.itemsize == size
@@ -1029,7 +1076,10 @@ def _records_exactly_once(
     out = sk.zeros(ctx, total, dt, policy=sk.Policy.fine(atomics=True))
     count = fine_zeros(ctx, 1, np.int32)
     queue = cl.CommandQueue(ctx)
-    name, local = ("take_group", 4) if groups % 2 == 0 else ("take", 1)
+    if groups % 2 == 0:
+        name, local = "take_group", 4
+    else:
+        name, local = ("take_ahead" if size % 2 == 0 else "take"), 1
     event = sk.launch(queue, cl.Kernel(prg, name), (groups * local,), (local,), wq, out, count)
     queue.flush()
     items = record_items(dt, 0, total)
@@ -1459,8 +1509,8 @@ def test_racing_wq_pops_close_and_reopen_exactly_once(
 
 
 @pytest.mark.stress
-@pytest.mark.parametrize("threads", [1, 4])
-def test_stress_ten_million(ctx: cl.Context, threads: int) -> None:
+@pytest.mark.parametrize(("threads", "ahead"), [(1, 0), (4, 0), (4, 64)])
+def test_stress_ten_million(ctx: cl.Context, threads: int, ahead: int) -> None:
     per = 10_000_000 // threads
     wq = sk.WorkQueue(ctx, 4096)
     total = threads * per
@@ -1471,13 +1521,14 @@ def test_stress_ten_million(ctx: cl.Context, threads: int) -> None:
         ctx,
         r"""
         #include "svmkit_workqueue.h"
-        __kernel void mark(__global svmkit_wq *q, __global atomic_int *seen) {
+        __kernel void mark(__global svmkit_wq *q, __global atomic_int *seen, int ahead) {
+            svmkit_wq_cursor cursor = SVMKIT_WQ_CURSOR_INIT;
             WQ_ITEM v;
-            while (wq_pop(q, &v))
+            while (ahead ? wq_pop_ahead(q, &cursor, ahead, &v) : wq_pop(q, &v))
                 atomic_fetch_add_explicit(&seen[v], 1, memory_order_relaxed, SVMKIT_SCOPE);
         }""",
     )
-    event = sk.launch(queue, prg.mark, gs, ls, wq, seen)
+    event = sk.launch(queue, prg.mark, gs, ls, wq, seen, np.int32(ahead))
     queue.flush()
 
     def produce(i: int) -> None:
