@@ -64,7 +64,7 @@ __kernel void consume_each(__global svmkit_wq *q, __global long *sums)
 /* Per item, claiming runs of up to 64 published items at once (wq_pop_ahead). */
 __kernel void consume_ahead(__global svmkit_wq *q, __global long *sums)
 {
-    svmkit_wq_cursor cursor = SVMKIT_WQ_CURSOR_INIT;
+    svmkit_wq_cursor cursor = WQ_CURSOR_INIT;
     WQ_ITEM x;
     long s = 0;
     while (wq_pop_ahead(q, &cursor, 64, &x))

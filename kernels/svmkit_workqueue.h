@@ -437,7 +437,7 @@ SVMKIT_WQ_BATCH_OPS(wq_try_pop_batch, wq_pop_batch, wq_push_batch, __local)
 
 /* ---- Claim-ahead per-item pop ----------------------------------------------------------
  * A consumer that takes one item at a time but claims them a run at a time: its cursor (a
- * private svmkit_wq_cursor, SVMKIT_WQ_CURSOR_INIT at first) holds positions it claimed with
+ * private svmkit_wq_cursor, WQ_CURSOR_INIT at first) holds positions it claimed with
  * one compare-exchange (svmkit_wq_claim_run, up to `ahead` published items), and each call
  * hands out the next of them: read the item, free its slot.  So a claim costs one atomic
  * per run and the head line is touched once per run, not per item, where wq_pop's claims
@@ -445,7 +445,7 @@ SVMKIT_WQ_BATCH_OPS(wq_try_pop_batch, wq_pop_batch, wq_push_batch, __local)
  * wq_pop, a run-claiming consumer 100-120 M).  It claims only published items (never
  * ahead of the producers), so it never waits on a position nobody fills.
  *
- *     svmkit_wq_cursor c = SVMKIT_WQ_CURSOR_INIT;
+ *     svmkit_wq_cursor c = WQ_CURSOR_INIT;
  *     WQ_ITEM x;
  *     while (wq_pop_ahead(q, &c, 64, &x)) { ... }
  *
@@ -457,7 +457,7 @@ SVMKIT_WQ_BATCH_OPS(wq_try_pop_batch, wq_pop_batch, wq_push_batch, __local)
 typedef struct {
     ulong next, end; /* claimed positions [next, end) not handed out yet */
 } svmkit_wq_cursor;
-#define SVMKIT_WQ_CURSOR_INIT {0, 0}
+#define WQ_CURSOR_INIT {0, 0}
 
 inline bool wq_pop_ahead(__global svmkit_wq *q, svmkit_wq_cursor *cursor, int ahead,
                          WQ_ITEM *item)

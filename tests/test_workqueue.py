@@ -46,7 +46,7 @@ __kernel void consume(__global svmkit_wq *q, __global WQ_ITEM *out, __global ato
 __kernel void consume_ahead(__global svmkit_wq *q, __global WQ_ITEM *out, __global atomic_int *n,
                             int ahead)
 {
-    svmkit_wq_cursor cursor = SVMKIT_WQ_CURSOR_INIT;
+    svmkit_wq_cursor cursor = WQ_CURSOR_INIT;
     WQ_ITEM item;
     while (wq_pop_ahead(q, &cursor, ahead, &item)) {
         int i = atomic_fetch_add_explicit(n, 1, memory_order_relaxed, SVMKIT_SCOPE);
@@ -1039,7 +1039,7 @@ __kernel void take(__global svmkit_wq *q, __global WQ_ITEM *out, __global atomic
 /* Per-item consumers claiming runs of up to 8 records (wq_pop_ahead). */
 __kernel void take_ahead(__global svmkit_wq *q, __global WQ_ITEM *out, __global atomic_int *n)
 {
-    svmkit_wq_cursor cursor = SVMKIT_WQ_CURSOR_INIT;
+    svmkit_wq_cursor cursor = WQ_CURSOR_INIT;
     WQ_ITEM item;
     while (wq_pop_ahead(q, &cursor, 8, &item))
         out[atomic_fetch_add_explicit(n, 1, memory_order_relaxed, SVMKIT_SCOPE)] = item;
@@ -1522,7 +1522,7 @@ def test_stress_ten_million(ctx: cl.Context, threads: int, ahead: int) -> None:
         r"""
         #include "svmkit_workqueue.h"
         __kernel void mark(__global svmkit_wq *q, __global atomic_int *seen, int ahead) {
-            svmkit_wq_cursor cursor = SVMKIT_WQ_CURSOR_INIT;
+            svmkit_wq_cursor cursor = WQ_CURSOR_INIT;
             WQ_ITEM v;
             while (ahead ? wq_pop_ahead(q, &cursor, ahead, &v) : wq_pop(q, &v))
                 atomic_fetch_add_explicit(&seen[v], 1, memory_order_relaxed, SVMKIT_SCOPE);
