@@ -61,10 +61,10 @@
  *
  * Forward progress: OpenCL promises none between work-items of one work-group, so a
  * work-item that may block (wq_pop, wq_push, the *_many and *_batch calls) must be alone in
- * its work-group or the only one of its group that blocks (wq_group_pop/wq_group_push: the
- * others wait at a barrier), and the persistent grid must not exceed the work-groups that
- * run at once (sk.persistent_grid picks it).  A kernel whose work-items both pop and push
- * uses wq_try_push and does the work inline when the ring is full.
+ * its work-group or the only one of its group that blocks (wq_group_pop/wq_group_push wait
+ * as a whole group, through barriers), and the persistent grid must not exceed the
+ * work-groups that run at once (sk.persistent_grid picks it).  A kernel whose work-items
+ * both pop and push uses wq_try_push and does the work inline when the ring is full.
  *
  * Layout (byte offsets; svmkit/workqueue/layout.py holds the same constants, and a test
  * compares this header's macros and struct with it):
@@ -485,15 +485,13 @@ inline bool wq_pop_ahead(__global svmkit_wq *q, svmkit_wq_cursor *cursor, int ah
  * Every work-item of the group calls these with the same arguments (uniform control flow:
  * they contain barriers).  One work-item (local linear id 0, the leader) makes the claim
  * (one compare-exchange) and broadcasts the count through *scratch, so the group leaves
- * together once the queue is closed and drained (count 0).  wq_group_push's leader performs
- * the whole push, the only one of its group that may block (the others wait at a barrier).
- * wq_group_pop's group claims together, with no work-item looping alone: each work-item
- * looks at one slot of the run (is it published?), the leader exchanges head once for the
- * published run, each work-item copies its slot's item out and frees it, and the group waits
- * by going round that loop together, barriers included.  A loop that one work-item runs
- * alone with atomics in it is what a CPU compiler cannot vectorize: Intel's CPU runtime
- * compiled a whole task kernel, its tasks included, without vectorizing it (a 32,000-task
- * run took 4.0 ms with the leader's claim loop, 1.4 ms with the group's).
+ * together once the queue is closed and drained (count 0).  The group works the run
+ * together, with no work-item looping alone: each work-item looks at its own slots of the
+ * run (published? free?) and copies its items in or out, the leader exchanges head or tail
+ * once, and the group waits by going round that loop together, barriers included.  A loop
+ * that one work-item runs alone with atomics in it is what a CPU compiler cannot vectorize:
+ * Intel's CPU runtime compiled a whole task kernel, its tasks included, without vectorizing
+ * it (a 32,000-task run took 4.0 ms with the leader's claim loop, 1.4 ms with the group's).
  *
  *     __local WQ_ITEM in[64], out[64];
  *     __local int scratch;
@@ -612,16 +610,85 @@ inline int wq_group_pop(__global svmkit_wq *q, __local WQ_ITEM *items, int max,
     }
 }
 
-/* Push items[0, n) for the whole group (the barrier first makes every work-item's writes
- * to `items` visible to the leader): n, or fewer if the queue was closed. */
+/* Push items[0, n) for the whole group: n, or fewer if the queue was closed.  Starts with
+ * a barrier (every work-item's writes to `items` are visible to the others) and ends with
+ * one (the group may reuse `items` at once).  The push is PUSH's, made by the group: the
+ * leader claims free positions at tail with one compare-exchange (a run at most n long) and
+ * broadcasts the count and the first position, the group looks at the run's slots until
+ * last lap's consumers freed them all (they claimed them already, so this never waits on a
+ * blocked agent), then each work-item writes and publishes its slots. */
 inline int wq_group_push(__global svmkit_wq *q, __local const WQ_ITEM *items, int n,
                          __local int *scratch)
 {
+    const int lid = (int)svmkit_wq_local_linear_id();
+    const int size = (int)(get_local_size(0) * get_local_size(1) * get_local_size(2));
+    const ulong cap = q->mask + 1;
+    int done = 0, claimed = 0; /* claimed: the run the group holds, from pos */
+    ulong pos = 0;
+    for (;;) { /* one loop, each round a claim or a look at the run's slots */
+        if (claimed == 0) {
+            if (done >= n)
+                break;
+            /* The leader's claim: k positions from `first`, 0 full, -1 closed, -2 lost
+             * the exchange (the last two: look again). */
+            ulong first = 0;
+            int k = 0;
+            if (lid == 0) {
+                first = svmkit_load_relaxed(&q->tail);
+                if (first & SVMKIT_WQ_CLOSED) {
+                    k = -1;
+                } else {
+                    long used = (long)(first - svmkit_load_acquire(&q->head));
+                    if (used < 0) /* consumers claimed ahead (wq_pop): tail on is free */
+                        used = 0;
+                    if ((ulong)used < cap) {
+                        ulong free = cap - (ulong)used;
+                        if ((ulong)(n - done) < free)
+                            free = (ulong)(n - done);
+                        k = atomic_compare_exchange_strong_explicit(
+                                &q->tail, &first, first + free, memory_order_relaxed,
+                                memory_order_relaxed, SVMKIT_SCOPE)
+                                ? (int)free
+                                : -2;
+                    }
+                }
+            }
+            k = svmkit_wq_group_broadcast(scratch, lid, k);
+            if (k == -1)
+                break;
+            if (k <= 0)
+                continue;
+            pos = (ulong)(uint)svmkit_wq_group_broadcast(scratch, lid, (int)(uint)first);
+            pos |= (ulong)(uint)svmkit_wq_group_broadcast(scratch, lid, (int)(uint)(first >> 32))
+                   << 32;
+            claimed = k;
+        }
+        /* Are the run's slots free (last lap's consumers claimed them already, so this never
+         * waits on a blocked agent)?  The first that is not bounds *scratch. */
+        barrier(CLK_LOCAL_MEM_FENCE); /* every work-item has read *scratch */
+        if (lid == 0)
+            *scratch = claimed;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int base = 0; base < claimed; base += size) {
+            int i = base + lid;
+            if (i < claimed && svmkit_load_acquire(svmkit_wq_seq(q, pos + i)) != pos + i)
+                atomic_min(scratch, i);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (*scratch == claimed) {
+            for (int base = 0; base < claimed; base += size) {
+                int i = base + lid;
+                if (i < claimed) {
+                    *svmkit_wq_item(q, pos + i) = items[done + i];
+                    svmkit_store_release(svmkit_wq_seq(q, pos + i), pos + i + 1);
+                }
+            }
+            done += claimed;
+            claimed = 0;
+        }
+    }
     barrier(CLK_LOCAL_MEM_FENCE);
-    if (svmkit_wq_local_linear_id() == 0)
-        *scratch = wq_push_batch(q, items, n);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return *scratch;
+    return done;
 }
 
 /* Close from a device (as WorkQueue.close()): pushes fail, pops drain what is left. */

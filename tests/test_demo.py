@@ -172,11 +172,14 @@ def test_tasks_demo_reference_and_mismatch(
     assert "wrong elements" in capsys.readouterr().err
 
 
-def test_intels_cpu_compiler_vectorizes_the_task_kernel(caplog: pytest.LogCaptureFixture) -> None:
-    """wq_group_pop has no loop that one work-item runs alone with atomics in it, so Intel's
-    CPU compiler vectorizes the task kernel across work-items, its tasks included (with the
-    leader's claim loop it compiled run_tasks without vectorizing it: 4.0 against 1.4 ms for
-    32,000 tasks)."""
+@pytest.mark.parametrize("demo_name", ["tasks", "workqueue"])
+def test_intels_cpu_compiler_vectorizes_the_demos_kernels(
+    caplog: pytest.LogCaptureFixture, demo_name: str
+) -> None:
+    """wq_group_pop and wq_group_push have no loop that one work-item runs alone with
+    atomics in it, so Intel's CPU compiler vectorizes a work-group consumer across its
+    work-items, its tasks included (with the leader's claim loop it compiled run_tasks
+    without vectorizing it: 4.0 against 1.4 ms for 32,000 tasks)."""
     from svmkit.cli import demo_tasks
     from svmkit.programs import build_program
 
@@ -184,10 +187,15 @@ def test_intels_cpu_compiler_vectorizes_the_task_kernel(caplog: pytest.LogCaptur
     if not intel:
         pytest.skip("Intel's CPU runtime (the [cpu] extra) is not installed")
     intel_ctx = cl.Context(devices=intel[0].get_devices()[:1])
+    if demo_name == "tasks":
+        source, defines, kernels = demo_tasks.program_source(64), {}, ["run_tasks", "run_batch"]
+    else:
+        source, defines = demo.program_source(), {"DEMO_BATCH": demo.GROUP_BATCH}
+        kernels = ["collatz_group", "collatz_launch"]
     with caplog.at_level(logging.DEBUG, logger="svmkit"):
-        build_program(intel_ctx, demo_tasks.program_source(64), cache=False)
-    assert 'Kernel "run_batch" was successfully vectorized' in caplog.text
-    assert 'Kernel "run_tasks" was successfully vectorized' in caplog.text
+        build_program(intel_ctx, source, defines=defines, cache=False)
+    for name in kernels:
+        assert f'Kernel "{name}" was successfully vectorized' in caplog.text
 
 
 def test_tasks_demo_bad_options(capsys: pytest.CaptureFixture[str]) -> None:

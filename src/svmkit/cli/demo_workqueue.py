@@ -103,7 +103,8 @@ def reference_with_progress(starts: np.ndarray[Any, Any], bar: Progress) -> np.n
     return out
 
 
-def _source() -> str:
+def program_source() -> str:
+    """The demo's kernels (``kernels/workqueue_demo.cl``)."""
     return (kernels_dir() / "workqueue_demo.cl").read_text()
 
 
@@ -314,7 +315,7 @@ def _measure(
     m.light = {"queue": np.full(len(light), -1, np.int64), "launches": np.full(len(light), -1)}
     fine_launches = mode == "queue"
     batch_only = {"SVMKIT_DEMO_BATCH_ONLY": None}
-    launch_prog = build_program(ctx, _source(), defines=batch_only)
+    launch_prog = build_program(ctx, program_source(), defines=batch_only)
     pol = Policy.fine() if fine_launches else Policy.coarse()
     dev_starts = empty(ctx, len(every), np.int64, policy=pol)
     if fine_launches:
@@ -344,7 +345,7 @@ def _measure(
     batched = launcher(args.batch, PIPELINE_DEPTH)
     program = None
     if mode == "queue":
-        program = build_program(ctx, _source(), defines={"DEMO_BATCH": GROUP_BATCH})
+        program = build_program(ctx, program_source(), defines={"DEMO_BATCH": GROUP_BATCH})
 
     def running_queue(single_items: bool = False) -> QueueSide:
         """A persistent kernel on fresh queues, already answering (so its launch is not

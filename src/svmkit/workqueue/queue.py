@@ -350,7 +350,7 @@ class WorkQueue:
         deadline = None if timeout is None else time.monotonic() + timeout
         ring = self._ring
         pace = self._consumers_pace
-        started = time.monotonic_ns()
+        started = pace.clock_if_learned()
         round_ = 0
         while status != 1:
             if status < 0:
@@ -359,10 +359,13 @@ class WorkQueue:
                 raise WorkQueueTimeout(
                     f"push timed out after {timeout} s: the queue stayed full", pushed=0
                 )
+            if round_ == 1 and not started:
+                started = pace.first_spin_started()
             waiting.backoff(ring, False, round_, 1, self._shares_cores, pace.idle_ns)
             round_ += 1
             status = ring.try_push(item)
-        pace.moved(time.monotonic_ns() - started, round_)
+        if started:
+            pace.moved(time.monotonic_ns() - started, round_)
 
     def push_many(self, array: Any, timeout: float | None = None) -> None:
         """Push every item of ``array`` (flattened) in order, blocking while full.
@@ -432,18 +435,21 @@ class WorkQueue:
         deadline = None if timeout is None else time.monotonic() + timeout
         ring = self._ring
         pace = self._producers_pace
-        started = time.monotonic_ns()
+        started = pace.clock_if_learned()
         round_ = 0
         while True:
             if ring.drained():
                 raise QueueClosed("pop on a closed and drained work queue")
             if _expired(deadline):
                 raise WorkQueueTimeout(f"pop timed out after {timeout} s: the queue stayed empty")
+            if round_ == 1 and not started:
+                started = pace.first_spin_started()
             waiting.backoff(ring, True, round_, 1, self._shares_cores, pace.idle_ns)
             round_ += 1
             value = ring.try_pop()
             if value is not None:
-                pace.moved(time.monotonic_ns() - started, round_)
+                if started:
+                    pace.moved(time.monotonic_ns() - started, round_)
                 return value
 
     def pop_many(self, n: int, timeout: float | None = None) -> np.ndarray[Any, Any]:

@@ -67,6 +67,18 @@ class Pace:
         self.base_ns = IDLE_NS_SHARED if shares_cores else IDLE_NS
         self.idle_ns = self.base_ns
 
+    def clock_if_learned(self) -> int:
+        """The start of a single-item wait: now while the pace is a learned one (a gap the
+        first spin catches decays it), else 0.  At the base pace a call that progresses
+        within its first spin teaches nothing, so it reads no clock and calls nothing (those
+        were 0.2 µs of a 1 µs host -> device -> host round trip)."""
+        return time.monotonic_ns() if self.idle_ns > self.base_ns else 0
+
+    def first_spin_started(self) -> int:
+        """The start of a wait whose first spin just gave up: that spin ran for the pace
+        with nothing moving, so now minus the pace."""
+        return time.monotonic_ns() - self.idle_ns
+
     def moved(self, gap_ns: int, rounds: int) -> None:
         """A call made progress ``gap_ns`` after its first wait, having waited ``rounds``
         times.  A gap the spins missed (``IDLE_ROUNDS`` waits or more: they gave up) but
