@@ -384,7 +384,8 @@ inline void svmkit_wq_gather(__global svmkit_wq *q, int max)
  *   try_pop:  claim a published run, copy it out, free each slot (seq = pos + capacity).
  *   pop:      the same, waiting while empty; 0 once closed and drained.
  *   push:     claim free positions, wait for last lap's consumer to free each slot (it
- *             claimed it already, so this never waits on a blocked agent), write, publish;
+ *             claimed it already, so this never waits on a blocked agent, unless that
+ *             consumer holds it in a wq_pop_ahead cursor), write, publish;
  *             repeats until all `n` went in (blocking while full): returns n, or how many
  *             went in before the queue was closed. */
 #define SVMKIT_WQ_BATCH_OPS(TRY_POP, POP, PUSH, AS)                                         \
@@ -452,7 +453,9 @@ SVMKIT_WQ_BATCH_OPS(wq_try_pop_batch, wq_pop_batch, wq_push_batch, __local)
  * Items a cursor holds are this work-item's: pop until the call returns false (closed and
  * drained; the cursor is then empty).  A kernel that stops earlier leaves the items its
  * cursor holds (at most `ahead`) unconsumed and their slots taken, and producers block on
- * those slots a lap later.  A larger `ahead` costs latency under a slow producer (one
+ * those slots a lap later.  For the same reason a work-item that holds items of q in its
+ * cursor pushes to q only with wq_try_push: a blocking push (wq_push, wq_group_push, the
+ * batch pushes) may wait a lap later for a slot its own cursor holds.  A larger `ahead` costs latency under a slow producer (one
  * consumer takes what others could have run): 16-64 suits a stream, 1 is wq_pop's order. */
 typedef struct {
     ulong next, end; /* claimed positions [next, end) not handed out yet */
@@ -527,9 +530,10 @@ inline int svmkit_wq_group_broadcast(__local int *scratch, int lid, int value)
 }
 
 /* Pop up to `max` items into `items` for the whole group: blocks while empty, 0 once the
- * queue is closed and drained.  Starts with a barrier, so the group may reuse `items`
- * right after the previous call's work, and ends with one, so every work-item sees every
- * item.  The claim is svmkit_wq_claim_run's, made by the group in five barriers: the leader
+ * queue is closed and drained (or at once for max <= 0).  Starts with a barrier, so the
+ * group may reuse `items` right after the previous call's work, and ends with one, so every
+ * work-item sees every item (and the group may reuse *scratch).  items[k, max) hold nothing
+ * after the call, and items[0, max) nothing after a 0: the call uses them on the way.  The claim is svmkit_wq_claim_run's, made by the group in five barriers: the leader
  * reads head (into the first 8 bytes of `items`; through *scratch in two halves, four
  * barriers more, when `items` is smaller), work-item i looks at position head + i (and
  * + i + size, ... for a claim larger than the group) and the first unpublished one bounds
@@ -540,16 +544,21 @@ inline int wq_group_pop(__global svmkit_wq *q, __local WQ_ITEM *items, int max,
 {
     const int lid = (int)svmkit_wq_local_linear_id();
     const int size = (int)(get_local_size(0) * get_local_size(1) * get_local_size(2));
-    const bool head_in_items = max >= 1 && (ulong)max * sizeof(WQ_ITEM) >= sizeof(ulong);
+    const bool head_in_items = (ulong)max * sizeof(WQ_ITEM) >= sizeof(ulong);
     __local uchar *head_bytes = (__local uchar *)items;
     int gathered = 0; /* rounds spent waiting for a reserved run to be published */
+    if (max <= 0) { /* claims nothing (and never moves head) */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        return 0;
+    }
     for (;;) {
         ulong pos = 0;
         if (!head_in_items) {
             ulong head = lid == 0 ? svmkit_load_relaxed(&q->head) : 0;
-            pos = (ulong)(uint)svmkit_wq_group_broadcast(scratch, lid, (int)(uint)head);
-            pos |= (ulong)(uint)svmkit_wq_group_broadcast(scratch, lid, (int)(uint)(head >> 32))
-                   << 32;
+            uint low = as_uint(svmkit_wq_group_broadcast(scratch, lid, as_int((uint)head)));
+            uint high = as_uint(
+                svmkit_wq_group_broadcast(scratch, lid, as_int((uint)(head >> 32))));
+            pos = (ulong)high << 32 | low;
         }
         barrier(CLK_LOCAL_MEM_FENCE); /* the caller's work on items, any read of *scratch */
         if (lid == 0) {
@@ -591,8 +600,10 @@ inline int wq_group_pop(__global svmkit_wq *q, __local WQ_ITEM *items, int max,
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         int k = *scratch;
-        if (k == 0)
+        if (k == 0) {
+            barrier(CLK_LOCAL_MEM_FENCE); /* every work-item has read *scratch */
             return 0;
+        }
         if (k == -2)
             gathered++;
         if (k > 0) {
@@ -615,8 +626,8 @@ inline int wq_group_pop(__global svmkit_wq *q, __local WQ_ITEM *items, int max,
  * one (the group may reuse `items` at once).  The push is PUSH's, made by the group: the
  * leader claims free positions at tail with one compare-exchange (a run at most n long) and
  * broadcasts the count and the first position, the group looks at the run's slots until
- * last lap's consumers freed them all (they claimed them already, so this never waits on a
- * blocked agent), then each work-item writes and publishes its slots. */
+ * last lap's consumers freed them all (they claimed them already, so this waits on no
+ * blocked agent, as PUSH), then each work-item writes and publishes its slots. */
 inline int wq_group_push(__global svmkit_wq *q, __local const WQ_ITEM *items, int n,
                          __local int *scratch)
 {
@@ -658,13 +669,14 @@ inline int wq_group_push(__global svmkit_wq *q, __local const WQ_ITEM *items, in
                 break;
             if (k <= 0)
                 continue;
-            pos = (ulong)(uint)svmkit_wq_group_broadcast(scratch, lid, (int)(uint)first);
-            pos |= (ulong)(uint)svmkit_wq_group_broadcast(scratch, lid, (int)(uint)(first >> 32))
-                   << 32;
+            uint low = as_uint(svmkit_wq_group_broadcast(scratch, lid, as_int((uint)first)));
+            uint high = as_uint(
+                svmkit_wq_group_broadcast(scratch, lid, as_int((uint)(first >> 32))));
+            pos = (ulong)high << 32 | low;
             claimed = k;
         }
-        /* Are the run's slots free (last lap's consumers claimed them already, so this never
-         * waits on a blocked agent)?  The first that is not bounds *scratch. */
+        /* Are the run's slots free (last lap's consumers claimed them already)?  The first
+         * that is not bounds *scratch. */
         barrier(CLK_LOCAL_MEM_FENCE); /* every work-item has read *scratch */
         if (lid == 0)
             *scratch = claimed;

@@ -108,9 +108,10 @@ __kernel void total(__global svmkit_wq *q, __global double *sums)
 GROUP_KERNEL = r"""
 #include "svmkit_workqueue.h"
 
-/* Work-group consumers: the leader claims up to 8 items into local memory, the group
- * computes 3x + 1 for each, the leader pushes (x << 32) | (3x + 1) to `results`.  Items also
- * counted per item with an atomic, so a double pop shows even if results were lost. */
+/* Work-group consumers: the group claims up to 8 items into local memory (wq_group_pop),
+ * computes 3x + 1 for each, and pushes (x << 32) | (3x + 1) to `results` (wq_group_push).
+ * Items also counted per item with an atomic, so a double pop shows even if results were
+ * lost. */
 __kernel void group_consume(__global svmkit_wq *q, __global svmkit_wq *results,
                             __global atomic_int *seen)
 {
@@ -590,13 +591,16 @@ def test_host_producers_device_consumers(ctx: cl.Context, backend: str, threads:
     assert _host_to_device(ctx, [cl.CommandQueue(ctx)], backend, threads, per) == threads * per
 
 
-@pytest.mark.parametrize(("threads", "ahead"), [(1, 1), (1, 64), (2, 7), (4, 16), (8, 64)])
+@pytest.mark.parametrize(
+    ("threads", "ahead"), [(1, 1), (1, 64), (2, 7), (4, 16), (8, 64), (2, -3), (1, 200)]
+)
 def test_claim_ahead_consumers_exactly_once(
     ctx: cl.Context, backend: str, threads: int, ahead: int
 ) -> None:
-    """wq_pop_ahead: each work-item claims runs of up to ``ahead`` published items and takes
-    them one by one; every item once, and every consumer ends once the queue is closed and
-    drained (a cursor holding items when the queue closes hands them out first)."""
+    """wq_pop_ahead: each work-item claims runs of up to ``ahead`` published items (one for
+    ``ahead`` < 1; at most the 64-slot ring's) and takes them one by one; every item once,
+    and every consumer ends once the queue is closed and drained (a cursor holding items
+    when the queue closes hands them out first)."""
     per = 20000 // threads
     queues = [cl.CommandQueue(ctx)]
     assert _host_to_device(ctx, queues, backend, threads, per, ahead) == threads * per
@@ -664,9 +668,9 @@ def _group_consumers(ctx: cl.Context, backend: str, threads: int, per: int, grou
 def test_work_group_consumers_exactly_once(
     ctx: cl.Context, backend: str, threads: int, groups: int
 ) -> None:
-    """One work-item per group claims a run into local memory (wq_pop_batch), the group
-    computes it, the leader pushes the answers (wq_push_batch); the group leaves together
-    once the queue is closed and drained."""
+    """Each group claims a run into local memory (wq_group_pop), computes it and pushes the
+    answers (wq_group_push); the group leaves together once the queue is closed and
+    drained."""
     per = 6000 // threads
     assert _group_consumers(ctx, backend, threads, per, groups) == threads * per
 
@@ -712,6 +716,82 @@ def test_group_claims_of_any_size_exactly_once(ctx: cl.Context, dtype: Any, clai
     wq.close()
     finish([event], wq)
     np.testing.assert_array_equal(seen.host, np.ones(total, np.int32))
+
+
+GROUP_PUSH_KERNEL = r"""
+#include "svmkit_workqueue.h"
+/* One group pushes first + [0, n) in calls of `chunk` items (more than the ring holds) and
+ * counts what went in; a call short of its count means the queue was closed. */
+__kernel void group_produce(__global svmkit_wq *q, long first, int n, int chunk,
+                            __global int *pushed)
+{
+    __local WQ_ITEM out[256];
+    __local int scratch;
+    int done = 0;
+    while (done < n) {
+        int k = min(chunk, n - done);
+        for (int i = get_local_id(0); i < k; i += get_local_size(0))
+            out[i] = first + done + i;
+        int in = wq_group_push(q, out, k, &scratch);
+        done += in;
+        if (in < k)
+            break;
+    }
+    if (get_local_id(0) == 0)
+        *pushed = done;
+}
+/* wq_group_pop with a claim of `max` (<= 0 claims nothing): what it returned, and head. */
+__kernel void claim_of(__global svmkit_wq *q, int max, __global long *out)
+{
+    __local WQ_ITEM in[4];
+    __local int scratch;
+    int k = wq_group_pop(q, in, max, &scratch);
+    if (get_local_id(0) == 0) {
+        out[0] = k;
+        out[1] = (long)atomic_load_explicit(&q->head, memory_order_relaxed, SVMKIT_SCOPE);
+    }
+}
+"""
+
+
+@pytest.mark.needs("fine", "atomics")
+@pytest.mark.parametrize("chunk", [40, 256])
+def test_group_push_of_more_than_the_ring_holds(ctx: cl.Context, chunk: int) -> None:
+    """A group pushes calls of up to 256 items into a 16-slot ring (each call several claims)
+    while the host pops: every item once, in order; then a push into a closed queue returns
+    short and the kernel ends."""
+    wq = sk.WorkQueue(ctx, 16)
+    pushed = fine_zeros(ctx, 1, np.int32)
+    prg = sk.build_program(ctx, GROUP_PUSH_KERNEL)
+    queue = cl.CommandQueue(ctx)
+    n = 3000
+    event = sk.launch(
+        queue, prg.group_produce, (8,), (8,), wq, np.int64(0), np.int32(n), np.int32(chunk), pushed
+    )
+    got = wq.pop_many(n, timeout=60)
+    finish([event], wq)
+    np.testing.assert_array_equal(got, np.arange(n))
+    assert pushed.host[0] == n
+    wq.close()
+    pushed.host[0] = -1
+    event = sk.launch(
+        queue, prg.group_produce, (8,), (8,), wq, np.int64(0), np.int32(n), np.int32(chunk), pushed
+    )
+    finish([event], wq)
+    assert pushed.host[0] == 0 and len(wq) == 0
+
+
+@pytest.mark.needs("fine", "atomics")
+@pytest.mark.parametrize("max_", [0, -5])
+def test_group_claim_of_nothing_returns_at_once(ctx: cl.Context, max_: int) -> None:
+    """A claim of max <= 0 returns 0 without waiting and leaves head (and the items) be."""
+    wq = sk.WorkQueue(ctx, 8)
+    wq.push_many(np.arange(3, dtype=np.int64))
+    out = fine_zeros(ctx, 2, np.int64)
+    prg = sk.build_program(ctx, GROUP_PUSH_KERNEL)
+    finish([sk.launch(cl.CommandQueue(ctx), prg.claim_of, (4,), (4,), wq, np.int32(max_), out)], wq)
+    assert out.host.tolist() == [0, 0]
+    assert sorted(wq.pop_many(3).tolist()) == [0, 1, 2]
 
 
 def _device_to_host(
