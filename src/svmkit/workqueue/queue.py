@@ -411,7 +411,7 @@ class WorkQueue:
                         )
                 if not round_:
                     started = time.monotonic_ns()
-                want = min(n - done, waiting.GATHER)
+                want = waiting.gather(n - done, self.capacity)
                 waiting.backoff(ring, False, round_, want, self._shares_cores, pace.idle_ns)
                 round_ += 1
         except BaseException as exc:  # an interrupt too: say how many items went in
@@ -489,7 +489,7 @@ class WorkQueue:
                     break
                 if not round_:
                     started = time.monotonic_ns()
-                want = min(n - got, waiting.GATHER)
+                want = waiting.gather(n - got, self.capacity)
                 waiting.backoff(ring, True, round_, want, self._shares_cores, pace.idle_ns)
                 round_ += 1
         except BaseException as exc:  # an interrupt too: the items taken go with it
