@@ -935,11 +935,11 @@ def test_device_group_push_feeds_device_group_pop(
     CPU runtime may run two groups of one launch one after the other.)"""
     if local[0] == 1 and "Portable Computing Language" in ctx.devices[0].platform.name:
         # Seen with PoCL 3.0 (pthread) and 5.0 (cpu), not with Intel's CPU runtime: with a
-        # local size of (1, n), `take` counts every item of a claim twice when it counts
-        # from one work-item (`if (lid == 0)`), and the first item of each claim twice as
-        # written; the same kernel is exact with (n, 1), (2, 3), (3, 2) and (4, 4), and a
-        # consumer that loops until wq_group_pop returns 0 is exact with (1, n) too.  Strict,
-        # so a PoCL that runs it right fails here.
+        # local size of (1, n), PoCL runs work-item (0, 0)'s code after the claim twice in
+        # every round of `take`'s loop after the first (a trace logged the same work-item,
+        # round and item twice), so the first item of each claim is counted twice.  The
+        # same kernel is exact with (n, 1), (2, 3), (3, 2) and (4, 4).  Strict, so a PoCL
+        # that runs it right fails here.
         request.applymarker(
             pytest.mark.xfail(strict=True, reason="PoCL: group loop with local size (1, n)")
         )
