@@ -315,7 +315,8 @@ def test_pocl_cpu_used_by_the_parent_is_refused_in_a_child(
 def test_a_child_passes_over_the_pocl_cpu_device_its_parent_used() -> None:
     """After the parent used PoCL's CPU device (noted before the fork, so the child asks the
     parent's contexts nothing), a child's create_context takes another device, or says
-    why none is left; a PYOPENCL_CTX that selects PoCL's CPU device is refused."""
+    why none is left or why the next cannot start in a forked child; a PYOPENCL_CTX that
+    selects PoCL's CPU device is refused."""
     from svmkit.capabilities import compiler_failure
 
     found = [
@@ -347,8 +348,11 @@ def test_a_child_passes_over_the_pocl_cpu_device_its_parent_used() -> None:
     assert fork_module.parent_used_pocl_cpu is False  # the parent itself keeps its device
     assert out["noted"] is True
     kind, value = out["auto"]
+    # Another device, or an UnsupportedError: none is left, or the next one's driver cannot
+    # start in a forked child (NVIDIA's on the H200 host, beside PoCL's CPU device).
     assert (kind, value) == ("ok", "False") or (
-        kind == "UnsupportedError" and "stayed in the parent" in value
+        kind == "UnsupportedError"
+        and ("stayed in the parent" in value or "cannot start again" in value)
     ), out["auto"]
     kind, message = out["selected"]
     assert kind == "UnsupportedError" and "forked after its parent used PoCL" in message

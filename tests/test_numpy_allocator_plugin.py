@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import pytest
 from _helpers import run_python
 
 TESTS = Path(__file__).resolve().parent
@@ -111,6 +112,7 @@ def counts(output: str) -> dict[str, int]:
     return {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", tally[-1])} if tally else {}
 
 
+@pytest.mark.needs("fine")  # sk.numpy_allocator: NumPy writes without maps
 def test_plugin_runs_numpy_tests_under_the_allocator(tmp_path: Path) -> None:
     selection = [str(NUMPY_CORE_TESTS / test) for test in NUMPY_SELECTION]
     output, status = run_session(tmp_path, *selection)
@@ -124,6 +126,7 @@ def test_plugin_runs_numpy_tests_under_the_allocator(tmp_path: Path) -> None:
     assert re.search(r"::test_malloc_fails: .*allocation failed: InvalidValueError", output)
 
 
+@pytest.mark.needs("fine")  # sk.numpy_allocator: NumPy writes without maps
 def test_plugin_reports_the_allocators_warnings(tmp_path: Path) -> None:
     """A free that fails is logged by the handler (NumPy cannot be told): the plugin lists
     it with its test."""
