@@ -505,6 +505,10 @@ inline bool wq_pop_ahead(__global svmkit_wq *q, svmkit_wq_cursor *cursor, int ah
  *         if (wq_group_push(results, out, k, &scratch) < k)
  *             break;                      // the results queue was closed
  *     }
+ *
+ * Any 1-, 2- or 3-D local size works (work-items are numbered by their linear id).  On
+ * PoCL (3.0 and 5.0 seen) give the group's size to the first dimension: with a local size
+ * of (1, n), PoCL ran work-item (0, 0)'s code after a claim twice in a loop of claims.
  */
 inline size_t svmkit_wq_local_linear_id(void)
 {
