@@ -47,28 +47,31 @@ MAX_IDLE_NS = 2_000_000
 IDLE_ROUNDS = 2
 FIRST_SLEEP = 2e-5
 MAX_SLEEP = 1e-3
-# A batch call that finds the ring not ready waits for a run of free (or published) slots,
-# for at most a few µs once the first is ready, instead of trailing the other side slot by
-# slot: up to GATHER slots, and at most a GATHER_RING_SHARE-th of the ring (see gather()).
+# A batch call that finds the ring not ready waits for a run of free (or published) slots
+# instead of trailing the other side slot by slot: up to GATHER slots, at most a
+# GATHER_RING_SHARE-th of the ring (see gather()).
 GATHER = 512
 GATHER_RING_SHARE = 4
 
 
 def gather(remaining: int, capacity: int) -> int:
     """How many ready slots a blocked batch call (``push_many``, ``pop_many``) of
-    ``remaining`` items waits for before it claims: ``min(remaining, GATHER, capacity /
-    GATHER_RING_SHARE)``, at least 1.
+    ``remaining`` items asks the C ring's wait for: ``min(remaining, GATHER, capacity /
+    GATHER_RING_SHARE)``, but 2 at least (a wait for 1 is a single-item wait, which
+    yields the core on a CPU device) unless one item is all that is left.  The wait ends
+    once that many are ready or 2 µs after the first was (``GATHER_NS``), and the call
+    claims what is ready then; the pure-Python ring claims what is ready at once.
 
     A producer that claims each slot as soon as the device frees it writes the cache line
     the device is still freeing the next slots of, so the line goes back and forth once per
-    slot instead of once per lap.  Waiting for a run keeps the two sides a run apart:
+    slot instead of once per run.  Asking for a longer run keeps the two sides apart:
     ``wq_pop_ahead`` fed by ``push_many(4096)`` through a 65,536-slot ring, Intel's CPU
-    runtime on a 2-core host, 62 M items/s with runs of 64 (82 % of one work-item's
-    ``wq_pop`` drain rate), 95 M/s with 512 (124 %); the 1,024-slot task queue of
-    ``svmkit demo tasks`` ran the same with runs of 64 and 256.  A quarter of the ring at
+    runtime on a 2-core host, 62 M items/s asking for 64 (82 % of one work-item's
+    ``wq_pop`` drain rate), 95 M/s asking for 512 (124 %); the 1,024-slot task queue of
+    ``svmkit demo tasks`` ran the same asking for 64 and 256.  A quarter of the ring at
     most, so a small ring is still refilled while the device drains the rest of it.
     """
-    return max(1, min(remaining, GATHER, capacity // GATHER_RING_SHARE))
+    return max(1, min(remaining, GATHER, max(2, capacity // GATHER_RING_SHARE)))
 
 
 _ONE_SPINNER, _YIELD = 1, 2  # ring.wait flags (see the C ring's wait)
