@@ -860,19 +860,14 @@ __kernel void take_quota(__global svmkit_wq *q, int kind, int quota, int ahead,
 """
 
 
-@pytest.mark.needs("fine", "atomics")
-@pytest.mark.parametrize("ahead", [1, 16, 64])
-def test_group_ahead_and_per_item_consumers_share_a_queue(
-    ctx: cl.Context, backend: str, ahead: int
-) -> None:
-    """wq_group_pop, wq_pop_ahead and wq_pop consumers (two of each, each on a queue of its
-    own) take exact quotas from one ring while two host threads push: every item taken
-    once, each consumer its whole quota, each kind its share, the ring drained.  Quotas
-    make the mix certain whether the device runs the six launches together or one after
-    the other (a consumer ends once it took its quota)."""
+def _quota_consumers(
+    ctx: cl.Context, backend: str, ahead: int, quotas: list[int], threads: int
+) -> list[int]:
+    """Consumers of kinds 0, 1, 2, 0, ... (take_quota), each on a queue of its own, take
+    ``quotas`` from one 32-slot ring while ``threads`` host threads push; every item once,
+    each consumer its whole quota, each kind its share.  The items each kind took."""
     wq = sk.WorkQueue(ctx, 32, backend=backend)
-    kinds = [0, 1, 2, 0, 1, 2]
-    quotas = [1500, 1000, 500, 1100, 1300, 600]
+    kinds = [c % 3 for c in range(len(quotas))]
     total = sum(quotas)
     seen = fine_zeros(ctx, total, np.int32)
     by = fine_zeros(ctx, total, np.int32)
@@ -900,7 +895,7 @@ def test_group_ahead_and_per_item_consumers_share_a_queue(
         queue.flush()
 
     def produce(i: int) -> None:
-        items = np.arange(i, total, 2, dtype=np.int64)
+        items = np.arange(i, total, threads, dtype=np.int64)
         rng = np.random.default_rng(i)
         j = 0
         while j < len(items):
@@ -908,15 +903,41 @@ def test_group_ahead_and_per_item_consumers_share_a_queue(
             wq.push_many(items[j : j + k])
             j += k
 
-    run_threads(produce, 2)
+    run_threads(produce, threads)
     finish(events, wq)
     assert taken.host.tolist() == quotas
     np.testing.assert_array_equal(seen.host, np.ones(total, np.int32))
     share = [sum(q for k, q in zip(kinds, quotas) if k == kind) for kind in range(3)]
-    assert np.bincount(by.host, minlength=3).tolist() == share
+    by_kind: list[int] = np.bincount(by.host, minlength=3).tolist()
+    assert by_kind == share
     wq.close()
     with pytest.raises(sk.QueueClosed):  # closed and drained: nothing was left behind
         wq.pop(timeout=5)
+    return by_kind
+
+
+@pytest.mark.needs("fine", "atomics")
+@pytest.mark.parametrize("ahead", [1, 16, 64])
+def test_group_ahead_and_per_item_consumers_share_a_queue(
+    ctx: cl.Context, backend: str, ahead: int
+) -> None:
+    """wq_group_pop, wq_pop_ahead and wq_pop consumers (two of each) take exact quotas from
+    one ring while two host threads push.  Quotas make the mix certain whether the device
+    runs the six launches together or one after the other (a consumer ends once it took
+    its quota)."""
+    quotas = [1500, 1000, 500, 1100, 1300, 600]
+    assert _quota_consumers(ctx, backend, ahead, quotas, 2) == [2600, 2300, 1100]
+
+
+@pytest.mark.stress
+@pytest.mark.needs("fine", "atomics")
+@pytest.mark.parametrize(("ahead", "threads"), [(7, 1), (64, 4), (1, 8)])
+def test_stress_consumers_of_every_kind_share_a_queue(
+    ctx: cl.Context, backend: str, ahead: int, threads: int
+) -> None:
+    quotas = [int(q) for q in np.random.default_rng(ahead).integers(5_000, 60_000, 9)]
+    by_kind = _quota_consumers(ctx, backend, ahead, quotas, threads)
+    assert sum(by_kind) == sum(quotas)
 
 
 GROUP_RELAY_KERNEL = r"""
