@@ -720,7 +720,7 @@ def test_group_claims_of_any_size_exactly_once(ctx: cl.Context, dtype: Any, clai
 
 GROUP_PUSH_KERNEL = r"""
 #include "svmkit_workqueue.h"
-/* One group (any 1-D or 2-D local size: work-items by their linear id) pushes first +
+/* One group (any local size: work-items by their linear id) pushes first +
  * [0, n) in calls of `chunk` items (more than the ring holds) and counts what went in; a
  * call short of its count means the queue was closed.  With `close`, it then closes the
  * queue from the device. */
@@ -730,7 +730,7 @@ __kernel void group_produce(__global svmkit_wq *q, long first, int n, int chunk,
     __local WQ_ITEM out[256];
     __local int scratch;
     const size_t lid = svmkit_wq_local_linear_id();
-    const size_t size = get_local_size(0) * get_local_size(1);
+    const size_t size = get_local_size(0) * get_local_size(1) * get_local_size(2);
     int done = 0;
     while (done < n) {
         int k = min(chunk, n - done);
@@ -942,17 +942,18 @@ def test_stress_consumers_of_every_kind_share_a_queue(
 
 GROUP_RELAY_KERNEL = r"""
 #include "svmkit_workqueue.h"
-/* Device to device, work-group to work-group, on 2-D local sizes (the group calls number
- * work-items by their linear id), with GROUP_PUSH_KERNEL's group_produce: `take` claims
- * exactly `want` items in claims of up to `claim` with wq_group_pop, counting each in
- * seen[item - first], and stores how many it got (fewer: closed and drained). */
+/* Device to device, work-group to work-group, on 2-D and 3-D local sizes (the group
+ * calls number work-items by their linear id), with GROUP_PUSH_KERNEL's group_produce:
+ * `take` claims exactly `want` items in claims of up to `claim` with wq_group_pop,
+ * counting each in seen[item - first], and stores how many it got (fewer: closed and
+ * drained). */
 __kernel void take(__global svmkit_wq *q, long first, int want, int claim,
                    __global atomic_int *seen, __global int *got)
 {
     __local WQ_ITEM buf[64];
     __local int scratch;
     const size_t lid = svmkit_wq_local_linear_id();
-    const size_t size = get_local_size(0) * get_local_size(1);
+    const size_t size = get_local_size(0) * get_local_size(1) * get_local_size(2);
     int taken = 0;
     while (taken < want) {
         int k = wq_group_pop(q, buf, min(claim, want - taken), &scratch);
@@ -972,17 +973,24 @@ __kernel void take(__global svmkit_wq *q, long first, int want, int claim,
 @pytest.mark.needs("fine", "atomics")
 @pytest.mark.parametrize(
     ("local", "chunk", "claim"),
-    [((2, 3), 7, 8), ((3, 2), 5, 3), ((5, 1), 12, 12), ((4, 4), 9, 1), ((1, 5), 5, 3)],
+    [
+        ((2, 3), 7, 8),
+        ((3, 2), 5, 3),
+        ((5, 1), 12, 12),
+        ((4, 4), 9, 1),
+        ((2, 2, 3), 11, 5),
+        ((1, 5), 5, 3),
+    ],
 )
 def test_device_group_push_feeds_device_group_pop(
     ctx: cl.Context,
-    local: tuple[int, int],
+    local: tuple[int, ...],
     chunk: int,
     claim: int,
     request: pytest.FixtureRequest,
 ) -> None:
     """A work-group pushes (wq_group_push) what another work-group then pops (wq_group_pop),
-    2-D local sizes, 40 rounds of 12 items through a 16-slot ring (positions lap it 30
+    2-D and 3-D local sizes, 40 rounds of 12 items through a 16-slot ring (positions lap it 30
     times; a call of `chunk` items wraps its end); then the producer closes the queue from
     the device and a claim returns 0.  Every item once, in each round.  (One group per
     launch, in order: OpenCL promises no forward progress between work-groups, and Intel's
