@@ -772,36 +772,29 @@ def test_group_push_of_more_than_the_ring_holds(ctx: cl.Context, chunk: int) -> 
     prg = sk.build_program(ctx, GROUP_PUSH_KERNEL)
     queue = cl.CommandQueue(ctx)
     n = 3000
-    event = sk.launch(
-        queue,
-        prg.group_produce,
-        (8,),
-        (8,),
-        wq,
-        np.int64(0),
-        np.int32(n),
-        np.int32(chunk),
-        np.int32(0),
-        pushed,
-    )
+
+    def produce() -> cl.Event:  # one group pushes 0..n-1 in calls of `chunk`
+        return sk.launch(
+            queue,
+            prg.group_produce,
+            (8,),
+            (8,),
+            wq,
+            np.int64(0),
+            np.int32(n),
+            np.int32(chunk),
+            np.int32(0),
+            pushed,
+        )
+
+    event = produce()
     got = wq.pop_many(n, timeout=60)
     finish([event], wq)
     np.testing.assert_array_equal(got, np.arange(n))
     assert pushed.host[0] == n
     wq.close()
     pushed.host[0] = -1
-    event = sk.launch(
-        queue,
-        prg.group_produce,
-        (8,),
-        (8,),
-        wq,
-        np.int64(0),
-        np.int32(n),
-        np.int32(chunk),
-        np.int32(0),
-        pushed,
-    )
+    event = produce()
     finish([event], wq)
     assert pushed.host[0] == 0 and len(wq) == 0
 
